@@ -1,6 +1,5 @@
 """What every breakable_graph run must show (see :mod:`sglab.core.claims`): four claims a reader
-checks, the checks they rest on folded under them; the engine's two (``ENGINE``); the review card.
-"""
+checks, the checks folded under them; the engine's two (``ENGINE``); the review card."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from types import SimpleNamespace
 
 from sglab.breakable_graph import show
 from sglab.breakable_graph.measure import EXPERIMENT, GPUS, launch_numbers, stream
-from sglab.core import runs
-from sglab.core import engine_records, engine_stats
+from sglab.core import engine_records, engine_stats, runs
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds, not_applicable
 from sglab.sglang.releases import parse_version
@@ -19,8 +17,7 @@ CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve pre
          "any request count.")
 LAUNCH_BOUND = show.LAUNCH_BOUND  # after vs eager, 2+ requests: launch-bound up to here
 MIN_LAUNCH_BOUND_SPEEDUP, MIN_SPEEDUP = 1.8, 1.1
-# not held against a rerun: single cells move with the host (one H200 machine 1.46× where the next
-# gave 3.23×), and the A/A gap ("before" ÷ eager: the same eager code twice) is the run's own noise
+# not held against a rerun: single cells move with the host, and the A/A gap is the run's own noise
 RERUN_MOVES = ("min", "max", "min_launch_bound", "aa_noise", "aa_margin", "margin")
 PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits there too
 
@@ -55,8 +52,7 @@ def _matches(run):
 
 def _hit_rate(run):
     """Each runner's graph batches against the (seeded) stream recomputed from the run's params."""
-    h = show.hit_rates(run.df)
-    p = run.manifest.params
+    h, p = show.hit_rates(run.df), run.manifest.params
     shapes = stream(p)
     fits = [s for s in shapes if s.num_tokens <= max(int(n) for n in p["capture_num_tokens"])]
     want = {"before": sum(s.batch_size == 1 for s in fits), "after": len(fits)}
@@ -84,10 +80,9 @@ def _speedup(run):
     noise = "no A/A" if aa is None else f"A/A ≤ {aa:.1%}, cleared by {v['aa_margin']:+.2f}×"
     return holds(
         ok, f"after vs eager, 2+ requests: {v['min']:.2f}–{v['max']:.2f}× (median "
-        f"{v['median']:.2f}×; {bound} up to {LAUNCH_BOUND} tok; {noise})", {
-            **v, "margin": margin, "requests_min": int(bs.min()), "requests_max": int(bs.max()),
-            "tokens_min": int(n.min()), "tokens_max": int(n.max())
-        })
+        f"{v['median']:.2f}×; {bound} up to {LAUNCH_BOUND} tok; {noise})",
+        dict(**v, margin=margin, requests_min=int(bs.min()), requests_max=int(bs.max()),
+             tokens_min=int(n.min()), tokens_max=int(n.max())))
 
 
 # -- the checks folded under them ------------------------------------------------------------------
@@ -193,8 +188,7 @@ HEADLINE = Headline(
     "runs")
 
 # -- the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/) -----------
-# the last release without #24662, and the release with it that the engine runs use (#24662 first
-# shipped in 0.5.12: the card's release line, read from the wheels)
+# the last release without #24662, and the release with it that the engine runs use
 BEFORE_RELEASE, AFTER_RELEASE = "0.5.11", "0.5.12.post1"
 
 
@@ -218,10 +212,8 @@ def _engine_graph(run):
     on = {rel: [n for n, x in per.items() if x == 1] for rel, per in found.items()}
     text = "; ".join(f"{rel}: on the graph for {', '.join(map(str, on[rel]))} of "
                      f"{', '.join(map(str, per))} requests" for rel, per in found.items())
-    value = {r: len(ns) for r, ns in on.items()}  # and the most requests a graph prefill held
-    return holds(found == expect, text,
-                 {**value, "most": {r: max(ns, default=0)
-                                    for r, ns in on.items()}})
+    most = {r: max(ns, default=0) for r, ns in on.items()}  # the most requests a graph prefill held
+    return holds(found == expect, text, {**{r: len(ns) for r, ns in on.items()}, "most": most})
 
 
 def _ratios(run) -> dict:
@@ -238,10 +230,9 @@ def _engine_faster(run):
                                           engine_stats.STAT)
     return holds(
         lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
-        f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})", {
-            "min": lo, "max": hi, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts,
-            "requests_min": min(ratios), "requests_max": max(ratios)
-        })
+        f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})",
+        dict(min=lo, max=hi, aa_noise=noise, margin=lo - 1.0 - noise, starts=starts,
+             requests_min=min(ratios), requests_max=max(ratios)))
 
 
 def _graph_ran(run):

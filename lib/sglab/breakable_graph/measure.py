@@ -34,10 +34,8 @@ _PASSES = dict(warmup=3, repeat=15, rounds=3, launch_token_count=512, stream_bat
                stream_max_bs=8, stream_p_single=0.35, stream_min_len=16, stream_max_len=2048,
                seed=0)
 DEFAULT_PARAMS = {**_MODEL, **_CELLS, **_PASSES}
-_DEFAULTS = {
-    "part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "", "resolver": "",
-    "layer_model": ""
-}
+_DEFAULTS = dict(part="", num_tokens=-1, batch_size=-1, padded=-1, model_shape="", resolver="",
+                 layer_model="")
 
 
 def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) -> dict:
@@ -65,8 +63,7 @@ def split_tokens(num_tokens: int, batch_size: int, seed: int) -> list[int]:
 
 def prefill_stream(n_batches: int, *, seed: int = 0, max_bs: int = 8, p_single: float = 0.35,
                    min_len: int = 16, max_len: int = 2048) -> list[rebuild.BatchShape]:
-    """A seeded stream of prefill batch shapes: one request with probability ``p_single``, else
-    2..max_bs requests; request lengths log-uniform in [min_len, max_len]."""
+    """A seeded stream of prefill batch shapes, lengths log-uniform in [min_len, max_len]."""
     rng = random.Random(seed)
     out, lo, hi = [], math.log(min_len), math.log(max_len)
     for _ in range(n_batches):
@@ -88,38 +85,33 @@ def graph_hit_rate(runner: Any, shapes: Iterable[rebuild.BatchShape]) -> dict:
     shapes = list(shapes)
     hit = [s for s in shapes if runner.can_run(s)]
     batches, tokens = len(shapes), sum(s.num_tokens for s in shapes)
-    return {
-        "batches": batches, "graph_batches": len(hit),
-        "hit_rate": len(hit) / batches if batches else float("nan"),
-        "token_hit_rate": sum(s.num_tokens for s in hit) / tokens if tokens else float("nan")
-    }
+    return dict(batches=batches, graph_batches=len(hit),
+                hit_rate=len(hit) / batches if batches else float("nan"),
+                token_hit_rate=sum(s.num_tokens for s in hit) / tokens if tokens else float("nan"))
 
 
-_HIT_UNITS = {
-    "hit_rate": "fraction", "token_hit_rate": "fraction", "graph_batches": "batches",
-    "batches": "batches"
-}
+_HIT_UNITS = dict(hit_rate="fraction", token_hit_rate="fraction", graph_batches="batches",
+                  batches="batches")
 
 
 def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module] = None) -> list:
     """Part c: routing only (``can_run``), nothing captured; runs on the CPU."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     model = model if model is not None else rebuild.build_model(rebuild.TINY_CONFIG)
-    shapes = stream(p)
-    rows = []
+    shapes, row, rows = stream(p), partial(_row, "c_hit_rate"), []
     for boundary in rebuild.BOUNDARIES:
         runner = rebuild.BreakableGraphRunner(model, boundary=boundary,
                                               capture_num_tokens=p["capture_num_tokens"],
                                               capture=False)
         h = graph_hit_rate(runner, shapes)
-        rows += [_row("c_hit_rate", boundary, k, h[k], u) for k, u in _HIT_UNITS.items()]
+        rows += [row(boundary, k, h[k], u) for k, u in _HIT_UNITS.items()]
     sizes = range(1, int(p["stream_max_bs"]) + 1)
-    rows += [  # the stream's make-up
-        _row("c_hit_rate", "stream", "batches_with_bs", sum(s.batch_size == bs for s in shapes),
-             "batches", batch_size=bs) for bs in sizes
+    made = {bs: sum(s.batch_size == bs for s in shapes) for bs in sizes}  # the stream's make-up
+    rows += [
+        row("stream", "batches_with_bs", n, "batches", batch_size=bs) for bs, n in made.items()
     ]
     too_big = sum(s.num_tokens > max(p["capture_num_tokens"]) for s in shapes)
-    return rows + [_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches")]
+    return rows + [row("stream", "batches_over_max_tokens", too_big, "batches")]
 
 
 def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
@@ -137,11 +129,9 @@ RESOLVERS = {"pr24662": False, "walk_chain": True}  # resolver name: walk=
 def launch_numbers(ev: pd.DataFrame) -> dict:
     """Host launches and device kernels of one prefill (``ev``: the events of one phase)."""
     rt = ev[ev.category == "runtime"]
-    return {
-        "host_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
-        "host_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
-        "device_kernels": int((trace.on_device(ev.lane) & (ev.category == "kernel")).sum())
-    }
+    return dict(host_kernel_launches=int(rt.name.str.contains("LaunchKernel").sum()),
+                host_graph_launches=int(rt.name.str.contains("GraphLaunch").sum()),
+                device_kernels=int((trace.on_device(ev.lane) & (ev.category == "kernel")).sum()))
 
 
 def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tuple[list, dict]:
@@ -174,17 +164,16 @@ def three_requests(model, before, after, batch, on_gpu: bool = False) -> list:
     got, aft3 = before.replay(batch).clone(), after.replay(batch).clone()
     if on_gpu:
         torch.cuda.synchronize()
-    kw = dict(num_tokens=batch.num_tokens, batch_size=batch.batch_size)
+    row = partial(_row, "a_bs3", num_tokens=batch.num_tokens, batch_size=batch.batch_size)
     return [
-        _row("a_bs3", "eager", "logit_rows", eager3.shape[0], "rows", **kw),
-        _row("a_bs3", "before", "logit_rows", got.shape[0], "rows", **kw),
-        _row("a_bs3", "after", "logit_rows", aft3.shape[0], "rows", **kw),
-        _row("a_bs3", "before", "row0_max_abs_diff",
-             (got[0].float() - eager3[0].float()).abs().max().item(), "logit", **kw),
-        _row("a_bs3", "after", "max_abs_diff", (aft3.float() - eager3.float()).abs().max().item(),
-             "logit", **kw),
-        _row("a_bs3", "before", "can_run", int(before.can_run(batch)), "bool", **kw),
-        _row("a_bs3", "after", "can_run", int(after.can_run(batch)), "bool", **kw)
+        row("eager", "logit_rows", eager3.shape[0], "rows"),
+        row("before", "logit_rows", got.shape[0], "rows"),
+        row("after", "logit_rows", aft3.shape[0], "rows"),
+        row("before", "row0_max_abs_diff", (got[0].float() - eager3[0].float()).abs().max(),
+            "logit"),
+        row("after", "max_abs_diff", (aft3.float() - eager3.float()).abs().max(), "logit"),
+        row("before", "can_run", int(before.can_run(batch)), "bool"),
+        row("after", "can_run", int(after.can_run(batch)), "bool")
     ]
 
 
@@ -197,13 +186,12 @@ def _matches(model, after, p: dict, batch_for) -> list:
             batch = batch_for(n, bs)
             ref = rebuild.run_eager(model, batch).float()
             out = after.replay(batch).float()
-            kw = dict(num_tokens=n, batch_size=bs, padded=padded)
+            row = partial(_row, "b_match", num_tokens=n, batch_size=bs, padded=padded)
             rows += [
-                _row("b_match", "after", "logit_rows", out.shape[0], "rows", **kw),
-                _row("b_match", "after", "max_abs_diff", (out - ref).abs().max().item(), "logit",
-                     **kw),
-                _row("b_match", "eager", "max_abs_logit",
-                     ref.abs().max().item(), "logit", **kw)
+                row("after", "logit_rows", out.shape[0], "rows"),
+                row("after", "max_abs_diff", (out - ref).abs().max(), "logit"),
+                row("eager", "max_abs_logit",
+                    ref.abs().max(), "logit")
             ]
     return rows
 
@@ -219,10 +207,8 @@ def _latency(model, before, after, p: dict, batch_for, timer) -> list:
     rows = []
     for n, bs in [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]:
         batch = batch_for(n, bs)
-        fns = {
-            "eager": partial(rebuild.run_eager, model, batch),
-            "before": partial(before.forward, batch), "after": partial(after.forward, batch)
-        }
+        fns = dict(eager=partial(rebuild.run_eager, model, batch),
+                   before=partial(before.forward, batch), after=partial(after.forward, batch))
         kw = dict(num_tokens=n, batch_size=bs)
         timed = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
                                    repeat=int(p["repeat"]), timer=timer)

@@ -82,10 +82,8 @@ def check(read) -> Verdict:
 
 
 # -- the CPU probe (inside one release's worker process) -------------------------------------------
-# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) on a stand-in model runner around the
-# rebuild's tiny models, stopped where it first asks for the graph memory pool; then its can_run on
-# stand-in batches, and whether its capture batch reads a static (max_bs,) buffer (the pre-#24662
-# tail's source). A release without the file (0.5.10.x; 0.5.14 replaced it) gives one row.
+# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) around the rebuild's tiny models, up to
+# the graph memory pool; then its can_run on stand-in batches, and its capture batch's buffers.
 CAPTURE_TOKENS = [16, 32, 64]
 ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
 BATCHES = {
@@ -95,22 +93,17 @@ BATCHES = {
 MAX_BS = 8
 
 
-def _stand_in_runner(model):
-    """What the runner's ``__init__`` and ``_build_capture_forward_batch`` read of a ModelRunner."""
-    return types.SimpleNamespace(
-        device="cpu", gpu_id=0, model=model, is_multimodal=False, is_generation=True,
-        is_hybrid_swa=False, dtype=torch.float32, model_config=types.SimpleNamespace(hidden_size=8),
-        server_args=types.SimpleNamespace(piecewise_cuda_graph_tokens=list(CAPTURE_TOKENS),
-                                          enable_cudagraph_gc=False,
-                                          enable_return_hidden_states=False),
-        req_to_token_pool=types.SimpleNamespace(size=MAX_BS), token_to_kv_pool=None,
-        attn_backend=types.SimpleNamespace(
-            use_captured_forward_metadata_for_breakable_cuda_graph=False), spec_algorithm=None,
-        is_draft_worker=False, attention_layers=[], moe_layers=[], moe_fusions=[])
-
-
 def _build_runner(bcg, model):
     """(runner, log messages): the release's ``__init__`` up to the memory-pool request."""
+    ns = types.SimpleNamespace
+    model_runner = ns(
+        device="cpu", gpu_id=0, model=model, is_multimodal=False, is_generation=True,
+        is_hybrid_swa=False, dtype=torch.float32, model_config=ns(hidden_size=8), server_args=ns(
+            piecewise_cuda_graph_tokens=list(CAPTURE_TOKENS), enable_cudagraph_gc=False,
+            enable_return_hidden_states=False), req_to_token_pool=ns(size=MAX_BS),
+        token_to_kv_pool=None, spec_algorithm=None, is_draft_worker=False, attention_layers=[],
+        attn_backend=ns(use_captured_forward_metadata_for_breakable_cuda_graph=False),
+        moe_layers=[], moe_fusions=[])
 
     def stop(*a, **k):
         raise Stop()
@@ -120,7 +113,7 @@ def _build_runner(bcg, model):
     with patched(bcg, get_global_graph_memory_pool=stop, log_info_on_rank0=Recorder()), \
             captured_logs(bcg.__name__) as logs:
         try:
-            cls.__init__(runner, _stand_in_runner(model))
+            cls.__init__(runner, model_runner)
         except Stop:
             pass
     return runner, [m for _, m in logs]
@@ -144,10 +137,8 @@ def _capture_batch_facts(runner) -> dict:
     static = getattr(runner, "static_extend_seq_lens", None)
     shares = static is not None and fb.extend_seq_lens.untyped_storage().data_ptr() == \
         static.untyped_storage().data_ptr()
-    return {
-        "capture_batch_size": int(fb.batch_size), "capture_reads_static_bs_buffer": bool(shares),
-        "static_bs_buffer_len": int(static.shape[0]) if static is not None else None
-    }
+    return dict(capture_batch_size=int(fb.batch_size), capture_reads_static_bs_buffer=bool(shares),
+                static_bs_buffer_len=int(static.shape[0]) if static is not None else None)
 
 
 def _model_rows(bcg, shape: str) -> list[dict]:
@@ -155,18 +146,16 @@ def _model_rows(bcg, shape: str) -> list[dict]:
     runner, logs = _build_runner(bcg, model)
     has_attr = hasattr(runner, "layer_model")
     layer = getattr(runner, "layer_model", None)
-    facts = {
-        "resolves_layer_model": has_attr,
-        "layer_model": (module_path(model, layer) if layer is not None else None),
-        "warnings": [m for m in logs if "[BCG]" in m], "max_num_tokens": int(runner.max_num_tokens)
-    }
-    can = {label: bool(runner.can_run(_forward_batch(lens))) for label, lens in BATCHES.items()}
-    rows = [{"model": shape, "batch": "", "metric": k, "value": v} for k, v in facts.items()]
-    rows += [{"model": shape, "batch": b, "metric": "can_run", "value": v} for b, v in can.items()]
+    rows = [("", "resolves_layer_model", has_attr),
+            ("", "layer_model", module_path(model, layer) if layer is not None else None),
+            ("", "warnings", [m for m in logs if "[BCG]" in m]),
+            ("", "max_num_tokens", int(runner.max_num_tokens))]
+    rows += [
+        (b, "can_run", bool(runner.can_run(_forward_batch(lens)))) for b, lens in BATCHES.items()
+    ]
     if layer is not None or not has_attr:  # a disabled runner returns before its buffers exist
-        rows += [{"model": shape, "batch": "", "metric": k, "value": v}
-                 for k, v in _capture_batch_facts(runner).items()]
-    return rows
+        rows += [("", k, v) for k, v in _capture_batch_facts(runner).items()]
+    return [{"model": shape, "batch": b, "metric": k, "value": v} for b, k, v in rows]
 
 
 def probe(prepared, params: dict) -> list[dict]:
@@ -229,10 +218,8 @@ def rebuild_facts(boundary: str, shape: str) -> dict:
         r = rebuild.BreakableGraphRunner(model, boundary=boundary,
                                          capture_num_tokens=CAPTURE_TOKENS, max_bs=MAX_BS,
                                          capture=False)
-    out = {
-        "layer_model": module_path(model, r.layer_model) if r.layer_model else None,
-        "warnings": [m for _, m in logs if "[BCG]" in m], "max_num_tokens": r.max_num_tokens
-    }
+    out = dict(layer_model=module_path(model, r.layer_model) if r.layer_model else None,
+               warnings=[m for _, m in logs if "[BCG]" in m], max_num_tokens=r.max_num_tokens)
     for label, lens in BATCHES.items():
         out[f"can_run · {label}"] = bool(r.can_run(rebuild.BatchShape(tuple(lens))))
     if boundary == rebuild.BEFORE or r.layer_model is not None:

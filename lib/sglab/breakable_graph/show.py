@@ -1,7 +1,6 @@
-"""Tables and figures of notebook 03: the tables the claims read, the GPU sections (over the runs
-shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild beside the
-engine, the engine's declared section (:data:`VIEW`) and "your own setup".
-"""
+"""Tables and figures of notebook 03: the tables the claims read, the GPU sections, the picture of
+one capture (:func:`mechanism`), the rebuild beside the engine, the engine's section (:data:`VIEW`)
+and "your own setup"."""
 
 from __future__ import annotations
 
@@ -58,17 +57,13 @@ def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
 def match_table(df: pd.DataFrame) -> pd.DataFrame:
     """Part b per token count: one logit row per request in every batch, and the largest diff."""
     b = df[df["part"] == "b_match"].pivot_table(index=["num_tokens", "padded", "batch_size"],
-                                                columns=["variant", "metric"], values="value")
-    rows = []
-    for (n, padded), g in b.groupby(level=["num_tokens", "padded"]):
-        bs = g.index.get_level_values("batch_size")
-        rows.append({
-            "num_tokens": int(n), "padded": bool(padded), "requests": f"{bs.min()}..{bs.max()}",
-            "rows == requests": bool((g[("after", "logit_rows")] == bs).all()),
-            "max abs diff": float(g[("after", "max_abs_diff")].max()),
-            "max abs logit (eager)": float(g[("eager", "max_abs_logit")].max())
-        })
-    return pd.DataFrame(rows)
+                                                columns="metric", values="value").reset_index()
+    g = b.assign(ok=b["logit_rows"] == b["batch_size"]).groupby(["num_tokens", "padded"])
+    return pd.DataFrame({
+        "requests": g["batch_size"].agg(lambda s: f"{s.min()}..{s.max()}"),
+        "rows == requests": g["ok"].all(), "max abs diff": g["max_abs_diff"].max(),
+        "max abs logit (eager)": g["max_abs_logit"].max()
+    }).reset_index().astype({"num_tokens": int, "padded": bool})
 
 
 def launch_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -92,8 +87,7 @@ def hit_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per token count: after vs eager and before vs eager (the same eager code: the noise check)
-    over the prefills of 2+ requests; after's own latency over every request count."""
+    """Per token count: after and before vs eager over 2+ requests; after's own latency."""
     lat = latency_table(df)
     multi, every = lat[lat["batch_size"] > 1].groupby("num_tokens"), lat.groupby("num_tokens")
     return pd.DataFrame({
@@ -108,9 +102,7 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups(df: pd.DataFrame) -> dict:
-    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median``, those up
-    to :data:`LAUNCH_BOUND` (``*_launch_bound``), ``aa_noise`` the largest ``|eager ÷ before − 1|``
-    and ``aa_margin`` the smallest ``speedup − 1 − noise``; ``{}`` without cells."""
+    """After vs eager over the timed prefills of 2+ requests, with the A/A gap (eager ÷ before)."""
     t = latency_table(df)
     multi = t[t["batch_size"] > 1]
     s = multi["speedup_after"]
@@ -119,13 +111,11 @@ def speedups(df: pd.DataFrame) -> dict:
         return {}
     gap = (multi["speedup_before"] - 1).abs()  # the same eager code, timed twice
     clear = (s - 1 - gap).dropna()
-    return {
-        "min": float(s.min()), "max": float(s.max()), "median": float(s.median()),
-        "min_launch_bound": float(small.min()) if len(small) else None,
-        "median_launch_bound": float(small.median()) if len(small) else None,
-        "aa_noise": float(gap.max()) if gap.notna().any() else None,
-        "aa_margin": float(clear.min()) if len(clear) else None
-    }
+    return dict(min=float(s.min()), max=float(s.max()), median=float(s.median()),
+                min_launch_bound=float(small.min()) if len(small) else None,
+                median_launch_bound=float(small.median()) if len(small) else None,
+                aa_noise=float(gap.max()) if gap.notna().any() else None,
+                aa_margin=float(clear.min()) if len(clear) else None)
 
 
 # -- the GPU sections of the notebook, each shown from the run (or its NoRun line) -----------------
@@ -168,8 +158,7 @@ def profiler(run) -> None:
 
 # -- the structure of one capture (the slide's picture) --------------------------------------------
 class StructureCapture(rebuild.BreakableCUDAGraphCapture):
-    """A capture that records module names per segment where the real one opens a CUDA graph, on
-    any device; on a GPU its segment and break counts equal the real capture's (tested)."""
+    """A capture that records module names per segment where the real one opens a CUDA graph."""
 
     def __init__(self, boundary: str):
         super().__init__(rebuild.BreakableCUDAGraph())
@@ -195,9 +184,7 @@ class StructureCapture(rebuild.BreakableCUDAGraphCapture):
     def hooks(self, model: torch.nn.Module):
         """Record every module entered (into the open segment) while the capture runs."""
         handles = []
-        for name, mod in model.named_modules():
-            if not name:
-                continue
+        for name, mod in list(model.named_modules())[1:]:  # not the model itself
 
             def pre(_m, _args, name=name):
                 self.stack.append(name)
@@ -219,8 +206,7 @@ CAPTURE_TOKENS = 16
 
 
 def capture_structure(boundary: str, num_layers: int = 16, model=None) -> StructureCapture:
-    """The segments and breaks of one capture with the given boundary, through the runner's own
-    capture path, on a model of ``num_layers`` layers a CPU builds at once (or on ``model``)."""
+    """The segments and breaks of one capture with the given boundary, on a small CPU model."""
     if model is None:
         model = rebuild.build_model(
             rebuild.ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, head_dim=16,
@@ -242,10 +228,8 @@ _WORDS = {
     "input_layernorm": "norm", "self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o_proj",
     "post_attention_layernorm": "norm", "mlp": "MLP"
 }
-_LEAVES = {
-    "embed_tokens": "embed", "embed_positions": None, "norm": "final norm",
-    "logits_processor": "logits tail"
-}
+_LEAVES = dict(embed_tokens="embed", embed_positions=None, norm="final norm",
+               logits_processor="logits tail")
 
 
 def segment_label(names: list[str]) -> str:
@@ -270,8 +254,8 @@ def segment_label(names: list[str]) -> str:
 EDGE = 2  # segments drawn at each end of a row; the middle is summarised
 
 
-def _row_items(s: StructureCapture) -> list[tuple[str, str, str]]:
-    """(kind, text, colour) left to right: segments and breaks, the middle one gap."""
+def _draw_row(ax, y: float, s: StructureCapture) -> float:
+    """Segments and breaks left to right, the middle one gap."""
     full = []
     for i, label in enumerate(segment_label(seg) for seg in s.segments):
         full.append(("segment", f"graph {i}\n" + label.replace(" | ", "\n"),
@@ -281,17 +265,13 @@ def _row_items(s: StructureCapture) -> list[tuple[str, str, str]]:
                 else "?"
             full.append(("break", f"attn\nL{layer}\neager", "neutral"))
     head, tail = 2 * EDGE, 2 * EDGE - 1
-    if len(full) <= head + tail + 1:
-        return full
-    hidden = full[head:-tail]
-    n_seg = sum(k == "segment" for k, _, _ in hidden)
-    gap = ("gap", f"… {n_seg} more segments\nand {len(hidden) - n_seg} breaks …", "none")
-    return full[:head] + [gap] + full[-tail:]
-
-
-def _draw_row(ax, y: float, s: StructureCapture) -> float:
+    if len(full) > head + tail + 1:
+        hidden = full[head:-tail]
+        n_seg = sum(k == "segment" for k, _, _ in hidden)
+        gap = ("gap", f"… {n_seg} more segments\nand {len(hidden) - n_seg} breaks …", "none")
+        full = full[:head] + [gap] + full[-tail:]
     x, widths = 0.1, {"segment": 1.55, "break": 0.55, "gap": 1.6}
-    for kind, text, color in _row_items(s):
+    for kind, text, color in full:
         w = widths[kind]
         if kind == "gap":
             ax.text(x + w / 2, y + 0.4, text, ha="center", va="center", fontsize=7.5,
@@ -302,25 +282,19 @@ def _draw_row(ax, y: float, s: StructureCapture) -> float:
     return x
 
 
-def _bs3(run) -> pd.DataFrame:
-    """:func:`bs3_table` of the run, else of the rebuild on the CPU (the notebook's lesson)."""
-    if run:
-        return bs3_table(run.df)
-    model = rebuild.build_model(rebuild.TINY_CONFIG)
-    before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
-                                                  capture_num_tokens=[16, 32, 64])
-                     for b in rebuild.BOUNDARIES)
-    batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
-    return bs3_table(pd.DataFrame(measure.three_requests(model, before, after, batch)))
-
-
 def mechanism(run=None):
-    """One captured forward as graph segments and eager breaks, before #24662 (the logits tail in
-    the last segment) and after, for the run's layer count (a NoRun: the CPU rebuild's)."""
+    """One captured forward as graph segments and eager breaks, before and after #24662."""
     params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
-    bs3 = _bs3(run)
+    if run:
+        bs3 = bs3_table(run.df)
+    else:  # the rebuild's 3-request batch on the CPU
+        model = rebuild.build_model(rebuild.TINY_CONFIG)
+        runners = (rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=[16, 32, 64])
+                   for b in rebuild.BOUNDARIES)
+        batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
+        bs3 = bs3_table(pd.DataFrame(measure.three_requests(model, *runners, batch)))
     rows, can = bs3["logit_rows"].astype(int), bs3["can_run"].astype(bool)
     fig, ax = plots.canvas(12.5, 4.3, xlim=(0, 12.5), ylim=(0, 4.3))
     for s, y, title in ((before, 2.55, "before #24662: capture model.forward (bs=1)"),
@@ -385,10 +359,8 @@ def latency_figure(run):
 def timeline(run):
     """The 3-request prefill in the profiler: before (all eager) vs after (graph launches)."""
     ev = run.sidecar("events")
-    tables = {
-        f"{v} (3 req)": plots.window(ev[ev.variant == v])
-        for v in ("before", "after") if (ev.variant == v).any()
-    }
+    shown = [v for v in ("before", "after") if (ev.variant == v).any()]
+    tables = {f"{v} (3 req)": plots.window(ev[ev.variant == v]) for v in shown}
     fig = plots.timeline(
         tables, highlight="GraphLaunch", highlight_label="graph launch",
         categories=("kernel", "memcpy", "memset", "runtime"), title=f"One 3-request prefill of "
@@ -400,8 +372,7 @@ def timeline(run):
 # -- your own setup: a prefill traffic mix -> the graph hit rate of each runner --------------------
 def traffic_table(p_single: float, max_requests: int, max_len: int,
                   largest_bucket: int) -> pd.DataFrame:
-    """1000 seeded prefill batches of this mix (one request with probability ``p_single``, lengths
-    log-uniform in 16..``max_len``) routed by each runner's ``can_run``: exact, no GPU."""
+    """1000 seeded prefill batches of this mix routed by each runner's ``can_run`` (no GPU)."""
     p = {
         **measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
         "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]
@@ -431,57 +402,46 @@ def your_setup(interactive: bool = False):
 
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
-    """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
-    engine (a whole Engine.generate call) measure it; first what is counted, not timed."""
-    rows = engine_view.missing_rows(run, engine_run)
+    """Eager over graph for prefills of several requests, by the rebuild and by the engine."""
+    found = []  # (source, measures, figure)
     df = engine_records.frame(engine_run.shown) if engine_run else None
     if run:
         multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
         got = {v: text.count(g) for v, g in multi.groupby(level="variant") if v != "eager"}
         if len(got) == 2:
-            rows.append({
-                "source": f"rebuild ({runs.gpu_short(run)})",
-                "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
-                "(profiler)", "figure": f"{got['before']} → {got['after']}"
-            })
+            found.append(
+                (f"rebuild ({runs.gpu_short(run)})", "graph launches per prefill of 2+ "
+                 "requests, before → after #24662 (profiler)", f"{got['before']} → {got['after']}"))
     if engine_run:
         share = engine_stats.numbers(df, "prefill_graph")
         for rel, g in share[share.case == "bcg"].groupby("release"):
             several = g[g.requests > 1].value
-            rows.append({
-                "source": f"SGLang {rel} engine (llama_32x512)",
-                "measures": "prefill batches on the breakable graph, 1 request | 2+ requests "
-                "(the scheduler's 'Prefill batch' log)",
-                "figure": f"{text.span(g[g.requests == 1].value * 100, '{:.0f}')}% | "
-                f"{text.span(several * 100, '{:.0f}')}%"
-            })
+            found.append((f"SGLang {rel} engine (llama_32x512)", "prefill batches on the breakable "
+                          "graph, 1 request | 2+ requests (the scheduler's 'Prefill batch' log)",
+                          f"{text.span(g[g.requests == 1].value * 100, '{:.0f}')}% | "
+                          f"{text.span(several * 100, '{:.0f}')}%"))
     if run:
         multi = latency_of(run)[lambda t: t["batch_size"] > 1]
         where = (f"{text.count([multi.batch_size.min(), multi.batch_size.max()])} requests, "
                  f"{', '.join(str(n) for n in sorted(multi.num_tokens.unique()))} tokens")
         for variant, label in (("after", "with #24662"), ("before", "before #24662")):
-            rows.append({
-                "source": f"rebuild {label} ({runs.gpu_short(run)})",
-                "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
-                "figure": text.span(multi[f"speedup_{variant}"], unit="×")
-            })
-    if not engine_run:
-        return rows
-    starts = engine_stats.starts_in(df, "latency")
-    for rel, per in eager_over_graph(df).items():
+            found.append((f"rebuild {label} ({runs.gpu_short(run)})",
+                          f"eager ÷ graph, prefill forward only (CUDA events), {where}",
+                          text.span(multi[f"speedup_{variant}"], unit="×")))
+    starts = engine_stats.starts_in(df, "latency") if engine_run else 1
+    for rel, per in (eager_over_graph(df) if engine_run else {}).items():
         cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
         several = {n: x for n, x in per.items() if n > 1}
         widest = [y for x in several.values() for y in x[1:]]
         figure = (f"{text.span([per[1][0]] if 1 in per else [], unit='×')} | "
                   f"{text.span([x[0] for x in several.values()], unit='×')}")
-        rows.append({
-            "source": f"SGLang {rel} engine (llama_32x512)",
-            "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
-            f"output token: 1 request | {text.count([min(several), max(several)])} requests; "
-            f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
-            "figure": figure + (f" (starts {text.span(widest, unit='×')})" if starts > 1 else "")
-        })
-    return rows
+        found.append((f"SGLang {rel} engine (llama_32x512)", "eager ÷ "
+                      "--enable-breakable-cuda-graph, whole Engine.generate call, 1 output token: "
+                      f"1 request | {text.count([min(several), max(several)])} requests; "
+                      f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
+                      figure + (f" (starts {text.span(widest, unit='×')})" if starts > 1 else "")))
+    found = [dict(zip(("source", "measures", "figure"), f)) for f in found]
+    return engine_view.missing_rows(run, engine_run) + found
 
 
 def eager_over_graph(df: pd.DataFrame) -> dict:

@@ -89,29 +89,25 @@ def _graph_count(run):
 # -- small prefills: the speed-up and the launches behind it ---------------------------------------
 def _ratios(sp) -> dict:
     """The raw eager/piecewise ratios: range, the largest's place, where piecewise loses."""
-    return {
-        "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
-        "slowdown_from": tables.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
-        "tokens_hi": int(sp.index.max())
-    }
+    return dict(max=float(sp.max()), max_at=int(sp.idxmax()), min=float(sp.min()),
+                slowdown_from=tables.slowdown_start(sp), tokens_lo=int(sp.index.min()),
+                tokens_hi=int(sp.index.max()))
 
 
-def _speedup_v1(run, sp):
-    """Methods 1-2: raw ratios (they move with the host)."""
+def _small_speedup(run):
+    sp = tables.latency_of(run)["speedup"]
     small, launch = sp[sp.index <= SMALL], sp[sp.index <= LAUNCH_BOUND]
-    ok = bool((small > 1.0).all() and (launch >= MIN_SMALL_RATIO).all())
-    value = {
-        "min_small": float(small.min()), "min_launch_bound": float(launch.min()), **_ratios(sp)
-    }
-    return holds(
-        ok, f"eager/piecewise {small.min():.2f}–{small.max():.2f}× up to {SMALL} tok "
-        f"(≥{launch.min():.2f}× up to {LAUNCH_BOUND}); {sp.min():.2f}× at worst", value)
-
-
-def _speedup_v3(run, sp):
-    """Method 3: eager is its launches at 1.5-8× the host's per-launch cost, and piecewise gains
-    what the launches it removes cost (down to its device time): figures relative to the host."""
-    small, lt = sp[sp.index <= SMALL], tables.launch_table(run.df)
+    if launch.empty:
+        return not_applicable(f"no timed token count at or below {LAUNCH_BOUND}")
+    if _method(run) < 3:  # raw ratios (they move with the host)
+        ok = bool((small > 1.0).all() and (launch >= MIN_SMALL_RATIO).all())
+        value = dict(min_small=float(small.min()), min_launch_bound=float(launch.min()),
+                     **_ratios(sp))
+        return holds(
+            ok, f"eager/piecewise {small.min():.2f}–{small.max():.2f}× up to {SMALL} tok "
+            f"(≥{launch.min():.2f}× up to {LAUNCH_BOUND}); {sp.min():.2f}× at worst", value)
+    # method 3: eager is its launches, and piecewise gains what the launches it removes cost
+    lt = tables.launch_table(run.df)
     lb = lt[lt.index <= LAUNCH_BOUND]
     if lb.empty:
         raise KeyError("no launch rows at or below the launch-bound count")
@@ -119,24 +115,15 @@ def _speedup_v3(run, sp):
     ok = bool((small > 1.0).all() and x.between(*EAGER_X).all()
               and explained.between(*EXPLAINED).all())
     first = lb.iloc[0]
-    value = {
-        "explained": float(explained.median()), "launches_eager": int(first["eager launches"]),
-        "launches_piecewise": int(first["piecewise launches"]),
-        "explained_min": float(explained.min()), "explained_max": float(explained.max())
-    }
+    value = dict(explained=float(explained.median()), launches_eager=int(first["eager launches"]),
+                 launches_piecewise=int(first["piecewise launches"]),
+                 explained_min=float(explained.min()), explained_max=float(explained.max()))
     return holds(
         ok, f"eager/piecewise > 1 at {int((small > 1).sum())}/{len(small)} counts ≤ {SMALL} tok; "
         f"at ≤ {LAUNCH_BOUND} tok eager = {value['launches_eager']} launches × "
         f"{span(x, '{:.1f}', '×')} the host's per-launch cost, and piecewise "
         f"({value['launches_piecewise']} launches) gains {span(explained)} of what the "
         "removed launches cost", value)
-
-
-def _small_speedup(run):
-    sp = tables.latency_of(run)["speedup"]
-    if sp[sp.index <= LAUNCH_BOUND].empty:
-        return not_applicable(f"no timed token count at or below {LAUNCH_BOUND}")
-    return (_speedup_v3 if _method(run) >= 3 else _speedup_v1)(run, sp)
 
 
 def _launch_gaps(run):
@@ -151,19 +138,15 @@ def _launch_gaps(run):
     if _method(run) < 3:
         busy = {"tokens": int(n), "eager_busy": float(e.busy), "piecewise_busy": float(p.busy)}
         return holds(ok, text, busy)
-    # method 3: the device work per eager launch against the host's time per launch (GPU figures
-    # travel; the busy shares stay with the host, in host_launch_cost)
+    # method 3: the device work per eager launch against the host's time per launch
     lt = tables.launch_table(run.df)
     if not e.kernel_launches or not e.device_us:
         raise KeyError(f"no eager kernels in the trace at {n} tok")
     kernel_us = e.device_us / e.kernel_launches
     # timed where the count was timed, else as traced (under the profiler)
-    host_us = float(lt.loc[n,
-                           "eager µs/launch"] if n in lt.index else e.host_us / e.kernel_launches)
-    value = {
-        "tokens": int(n), "kernel_us": float(kernel_us),
-        "device_ratio": float(p.device_us / e.device_us)
-    }
+    host_us = float(lt.get("eager µs/launch", {}).get(n, e.host_us / e.kernel_launches))
+    value = dict(tokens=int(n), kernel_us=float(kernel_us),
+                 device_ratio=float(p.device_us / e.device_us))
     return holds(
         ok and kernel_us < host_us, f"{text}: {kernel_us:.1f} µs of GPU work per eager "
         f"launch, {host_us:.1f} µs of host time", value)
@@ -326,9 +309,7 @@ def _pairs(run) -> dict:
 
 
 def _speedup(run):
-    """Each captured case against pcg-off of its own model and release (each side ``tables.STAT`` of
-    its starts) over that release's A/A gap; ``pairs`` holds one group per pair, so a rerun of one
-    model is compared with that model's record."""
+    """Each captured case over pcg-off of its model and release, against that release's A/A gap."""
     df = engine_records.frame([run])
     starts = engine_stats.starts_in(df, "prefill")
     gaps = engine_stats.aa_gap(df, "prefill", "input_len", tables.STAT)
@@ -337,9 +318,7 @@ def _speedup(run):
     for (model, rel, case), r in _pairs(run).items():
         noise = gaps.get((model, rel), worst)
         lo, hi = min(r.values()), max(r.values())
-        pairs[f"{model} {rel} {case}"] = {
-            "lo": lo, "hi": hi, "aa_noise": noise, "margin": lo - 1.0 - noise
-        }
+        pairs[f"{model} {rel} {case}"] = dict(lo=lo, hi=hi, aa_noise=noise, margin=lo - 1.0 - noise)
         bar = f"A/A {noise:.1%}, bar {1 + noise:.2f}×" if starts > 1 else "no A/A control"
         said.append(f"{model} {rel} {case}: {lo:.2f}–{hi:.2f}× ({bar})")
     margin = min(p["margin"] for p in pairs.values())
@@ -356,9 +335,7 @@ def _paired(run):
 
 
 def _launches(run):
-    """Captured: layers + 1 graphs and the same kernels outside them at every token count up to the
-    largest capture, eager beyond it (the pcg-off launches). Not captured: no graph, exactly the
-    launches of pcg-off."""
+    """Captured: layers + 1 graphs and one kernel count up to the largest capture; else pcg-off."""
     counts = tables.launch_counts(engine_records.frame([run]))
     if counts.empty:
         return not_applicable("no launch pass in this run")
@@ -401,34 +378,33 @@ def _full_ran(run):
     return serving.served(run) and serving.benched(run)
 
 
+_G, _D = "engine_pcg_gate.kimi_gate", "engine_pcg_gate.kimi_default_off"
+_C, _L = "engine_pcg_gate.captured_prefill_faster", "engine_pcg_gate.prefill_launches"
+_T, _P, _DE, _A = (
+    f"engine_pcg_gate.full_width_{k}" for k in ("ttft", "prefill", "decode", "attention"))
 _FULL_PREFILL = Claim(
-    "engine_pcg_gate.full_width_prefill", "bench_one_batch at the real widths and at one TP-4 "
-    "rank's: pcg-off ÷ enforced prefill above 1 at 128 tokens, below 1 at 2048",
-    "> 1 + the A/A gap at 128, < 1 − it at 2048; ±15% or the A/A gap on a rerun",
-    serving.full_prefill, drift=0.15, noise="aa_noise", applies=serving.benched,
-    context=("aa_noise", "starts"))
+    _P, "bench_one_batch at the real widths and at one TP-4 rank's: pcg-off ÷ enforced prefill "
+    "above 1 at 128 tokens, below 1 at 2048", "> 1 + the A/A gap at 128, < 1 − it at 2048; ±15% "
+    "or the A/A gap on a rerun", serving.full_prefill, drift=0.15, noise="aa_noise",
+    applies=serving.benched, context=("aa_noise", "starts"))
 _FULL_DECODE = Claim(
-    "engine_pcg_gate.full_width_decode", "Decode does not change: the decode step "
-    "(bench_one_batch) and TPOT with one request in flight (bench_serving), enforced ÷ off",
+    _DE, "Decode does not change: the decode step (bench_one_batch) and TPOT with one request in "
+    "flight (bench_serving), enforced ÷ off",
     f"each within ±{serving.DECODE_SAME:.0%} or twice its own A/A gap, whichever is larger; ±5% "
     "on a rerun", serving.full_decode, drift=0.05,
     context=("aa_noise", "tpot_worst", "tpot_bound", "decode_worst", "decode_bound",
              "busy_moved"), noise="aa_noise", applies=_full_ran)
 _FULL_ATTENTION = Claim(
-    "engine_pcg_gate.full_width_attention", "Why: inside a piecewise graph the release runs "
-    "Kimi-K2.5's attention absorbed (MLA), eager prefill runs it as MHA; from 512 tokens to the "
-    "largest capture the captured step's attention kernels take at least twice the eager step's "
-    "GPU time, the MoE kernels the same", "attention ≥ 2× up to 2048 tokens, the same (±10%) at "
-    "4096 and for MoE (the launch pass's kernel time); ±10% on a rerun", serving.full_attention,
-    drift=0.1, applies=serving.kernel_timed)
-_G, _D = "engine_pcg_gate.kimi_gate", "engine_pcg_gate.kimi_default_off"
-_C, _L = "engine_pcg_gate.captured_prefill_faster", "engine_pcg_gate.prefill_launches"
+    _A, "Why: inside a piecewise graph the release runs Kimi-K2.5's attention absorbed (MLA), "
+    "eager prefill runs it as MHA; from 512 tokens to the largest capture the captured step's "
+    "attention kernels take at least twice the eager step's GPU time, the MoE kernels the same",
+    "attention ≥ 2× up to 2048 tokens, the same (±10%) at 4096 and for MoE (the launch pass's "
+    "kernel time); ±10% on a rerun", serving.full_attention, drift=0.1,
+    applies=serving.kernel_timed)
 _K = f"{KIMI} {FIXED_RELEASE}"  # the fixed release's Kimi-K2.5 variants: "<_K> enforce", ...
 _FULL = serving.MODEL  # Kimi-K2.5 at its real widths
 _KF = f"{_FULL} {FIXED_RELEASE}"
 _TINY_TOKENS = "–".join(str(f(sglang.ENGINE[0].input_lens)) for f in (min, max))
-_T, _P, _DE, _A = (
-    f"engine_pcg_gate.full_width_{k}" for k in ("ttft", "prefill", "decode", "attention"))
 
 
 def _per_release(cid: str) -> str:
@@ -443,42 +419,38 @@ ENGINE = SimpleNamespace(
     "multimodal model before the gate is asked.",
     CLAIMS=[
         Claim(
-            "engine_pcg_gate.kimi_gate", "With --enforce-piecewise-cuda-graph, 0.5.12.post1 "
-            "refuses Kimi-K2.5 ('not a language model') and 0.5.13 captures it",
+            _G, "With --enforce-piecewise-cuda-graph, 0.5.12.post1 refuses Kimi-K2.5 ('not a "
+            "language model') and 0.5.13 captures it",
             "before: disabled, 'not a language model'; after: captured (exact)", _kimi_gate,
             applies=_kimi_ran("enforce")),
         Claim(
-            "engine_pcg_gate.kimi_default_off", "With default flags neither release uses "
-            "piecewise graphs for Kimi-K2.5: ServerArgs' own rules turn them off before the gate "
-            "is asked", "disabled on every release (exact)", _default_off,
-            applies=_kimi_ran("default")),
+            _D, "With default flags neither release uses piecewise graphs for Kimi-K2.5: "
+            "ServerArgs' own rules turn them off before the gate is asked",
+            "disabled on every release (exact)", _default_off, applies=_kimi_ran("default")),
         Claim(
-            "engine_pcg_gate.captured_prefill_faster", "Where piecewise graphs are captured, "
-            "prefill is faster than with them off at every input length (128–1024 tokens), each "
-            "side its fastest repeat of any engine start", "pcg-off / piecewise > 1 + the A/A "
-            "gap everywhere", _speedup, drift=0.25, context=("min", "aa_noise", "margin", "starts"),
-            noise="aa_noise", applies=_paired),
+            _C, "Where piecewise graphs are captured, prefill is faster than with them off at "
+            "every input length (128–1024 tokens), each side its fastest repeat of any engine "
+            "start", "pcg-off / piecewise > 1 + the A/A gap everywhere", _speedup, drift=0.25,
+            context=("min", "aa_noise", "margin", "starts"), noise="aa_noise", applies=_paired),
         Claim(
-            "engine_pcg_gate.prefill_launches", "Counted, not timed: a captured prefill step "
-            "replays one graph per piece (layers + 1) and launches the same kernels outside them "
-            "at every token count; where the release refuses the graphs (0.5.12.post1 with "
-            "--enforce-piecewise-cuda-graph on Kimi-K2.5) the step launches exactly what pcg-off "
-            "launches", "captured: layers + 1 graphs and one kernel count; refused: 0 graphs and "
-            "the pcg-off launches (exact, the launch pass's profiler trace)", _launches),
+            _L, "Counted, not timed: a captured prefill step replays one graph per piece (layers "
+            "+ 1) and launches the same kernels outside them at every token count; where the "
+            "release refuses the graphs (0.5.12.post1 with --enforce-piecewise-cuda-graph on "
+            "Kimi-K2.5) the step launches exactly what pcg-off launches", "captured: layers + 1 "
+            "graphs and one kernel count; refused: 0 graphs and the pcg-off launches (exact, the "
+            "launch pass's profiler trace)", _launches),
         Claim(
-            "engine_pcg_gate.full_width_ttft", "At Kimi-K2.5's real widths (1 dense + 1 MoE layer, "
-            "the release's server and bench_serving, the PR's own metric), piecewise graphs do "
-            "not cut TTFT: enforced ÷ off is above 1 at 2048 tokens, the largest capture, and at "
-            "128 tokens no slower than off, at 1 and 4 requests in flight (a gain there is a small "
-            "share of a TTFT and need not clear the A/A gap)",
+            _T, "At Kimi-K2.5's real widths (1 dense + 1 MoE layer, the release's server and "
+            "bench_serving, the PR's own metric), piecewise graphs do not cut TTFT: enforced ÷ off "
+            "is above 1 at 2048 tokens, the largest capture, and at 128 tokens no slower than off, "
+            "at 1 and 4 requests in flight (a gain there is a small share of a TTFT and need not "
+            "clear the A/A gap)",
             "> 1 + the A/A gap at 2048 tokens, < 1 + it at 128; ±10% or the A/A gap on a rerun",
             serving.ttft, drift=0.1, context=("aa_noise", "starts"), noise="aa_noise",
             applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE, _FULL_ATTENTION))
     ],
     shown=lambda runs_: list(runs_),
-    # the card's engine answer, over one merged run per GPU model: the PR's own setting first
-    # (Kimi-K2.5's real widths under bench_serving and bench_one_batch), then the gate, then the
-    # tiny Kimi-K2.5's launches and prefill, named as such
+    # the card's engine answer, one merged run per GPU model: real widths, the gate, the tiny model
     HEADLINE=Headline(
         parts=(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "

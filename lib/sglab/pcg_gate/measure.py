@@ -20,18 +20,14 @@ from sglab.pcg_gate import rebuild
 EXPERIMENT = "pcg_gate"
 METHOD_VERSION = 3
 GPUS = 1
-# head_dim = hidden / num_heads = 128; max_tokens: --piecewise-cuda-graph-max-tokens (the buckets
-# go up to it; 100 tokens pad to 112); direct_token_counts: also timed with pieces that hand over
-# their own tensors; trace_token_counts: one launch-bound and one GEMM-bound traced prefill;
-# kernel_table_tokens: the per-kernel table of the eager prefill; launch_burst: tiny kernels per
-# burst of the host's per-launch cost; repeat: samples per variant and count over `rounds` rounds
-DEFAULT_PARAMS = {
-    "hidden": 2048, "num_layers": 16, "num_heads": 16, "intermediate": 5632, "vocab": 32000,
-    "max_tokens": 4096, "token_counts": [16, 64, 100, 256, 1024, 2048,
-                                         4096], "direct_token_counts": [2048, 4096],
-    "trace_token_counts": [64, 4096], "kernel_table_tokens": 4096, "kernel_table_runs": 3,
-    "launch_burst": 256, "warmup": 3, "repeat": 15, "rounds": 3, "seed": 0
-}
+# max_tokens: --piecewise-cuda-graph-max-tokens (100 tokens pad to 112); direct_token_counts: also
+# timed with pieces that hand over their own tensors; launch_burst: tiny kernels per burst of the
+# host's per-launch cost; repeat: samples per variant and count over `rounds` rounds
+DEFAULT_PARAMS = dict(hidden=2048, num_layers=16, num_heads=16, intermediate=5632, vocab=32000,
+                      max_tokens=4096, token_counts=[16, 64, 100, 256, 1024, 2048,
+                                                     4096], direct_token_counts=[2048, 4096],
+                      trace_token_counts=[64, 4096], kernel_table_tokens=4096, kernel_table_runs=3,
+                      launch_burst=256, warmup=3, repeat=15, rounds=3, seed=0)
 TOL_ULPS = 8  # accepted max |piecewise - eager|: 8 bf16 units in the last place at the output's max
 HOST = "host"  # the variant of the per-launch cost rows
 
@@ -47,10 +43,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     max_diff, ref_max = float((a - b).abs().max()), float(b.abs().max())
     rel_rms = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
     tol = TOL_ULPS * bf16_ulp(ref_max)
-    return {
-        "max_abs_diff": max_diff, "rel_rms_diff": rel_rms, "ref_max_abs": ref_max, "tolerance": tol,
-        "within_tol": bool(max_diff <= tol)
-    }
+    return dict(max_abs_diff=max_diff, rel_rms_diff=rel_rms, ref_max_abs=ref_max, tolerance=tol,
+                within_tol=bool(max_diff <= tol))
 
 
 def model_config(p: dict) -> DecoderConfig:
@@ -60,25 +54,20 @@ def model_config(p: dict) -> DecoderConfig:
 
 
 def language_model(cfg: DecoderConfig, device, dtype=torch.bfloat16, *, seed: int = 0) -> CausalLM:
-    """The measured LLM (``DeepseekV3ForCausalLM``'s attribute shape) on ``device``, no lm_head
-    (upstream's capture stops at the final norm too)."""
+    """The measured LLM on ``device``, no lm_head (upstream's capture stops at the final norm)."""
     return build_on_device(lambda: CausalLM(cfg, lm_head=False), device, dtype, seed=seed,
                            num_layers=cfg.num_layers)
 
 
 def _row(variant, metric, value, unit, n=None, bucket=None) -> dict:
-    return {
-        "variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
-        "value": float(value), "unit": unit
-    }
+    return dict(variant=variant, num_tokens=n, bucket=bucket, metric=metric, value=float(value),
+                unit=unit)
 
 
 # -- the gate on every wrapper variant around the measured LLM -------------------------------------
-GATE_METRICS = {
-    "gate_enabled": "bool", "lm_keys": "count", "state_dict_keys_built": "count",
-    "state_dict_keys_after_gate": "count", "model_keys_after_gate": "count",
-    "named_parameters_dup": "count"
-}
+GATE_METRICS = dict(gate_enabled="bool", lm_keys="count", state_dict_keys_built="count",
+                    state_dict_keys_after_gate="count", model_keys_after_gate="count",
+                    named_parameters_dup="count")
 
 
 def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) -> dict:
@@ -89,12 +78,10 @@ def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) 
     with rebuild.quiet_gate():
         res = rebuild.init_piecewise_cuda_graphs(state)
     after = list(wrapper.state_dict())
-    return {
-        "result": res, "state": state, "gate_enabled": int(res.enabled), "lm_keys": lm_keys,
-        "state_dict_keys_built": len(built), "state_dict_keys_after_gate": len(after),
-        "model_keys_after_gate": sum(k.startswith("model.") for k in after),
-        "named_parameters_dup": len(list(wrapper.named_parameters(remove_duplicate=False)))
-    }
+    return dict(result=res, state=state, gate_enabled=int(res.enabled), lm_keys=lm_keys,
+                state_dict_keys_built=len(built), state_dict_keys_after_gate=len(after),
+                model_keys_after_gate=sum(k.startswith("model.") for k in after),
+                named_parameters_dup=len(list(wrapper.named_parameters(remove_duplicate=False))))
 
 
 # -- the host's per-launch cost --------------------------------------------------------------------
@@ -113,17 +100,15 @@ class Burst(timing.Burst):
 
 
 # -- the profiler passes: traced prefills, the counting pass, the per-kernel table -----------------
-# the copies that hand activations between pieces: a copy kernel for a strided source (q, k from the
-# rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
-# attention output), a graph memcpy node shown as a "memcpy<bits>" kernel (the residual)
+# the copies that hand activations between pieces: copy kernels (strided q, k, v), an eager DtoD
+# memcpy (the attention output), a graph memcpy node shown as a "memcpy<bits>" kernel (the residual)
 COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
 # the host calls that start device work: kernel and graph launches, memcpy and memset calls
 LAUNCH = r"LaunchKernel|GraphLaunch|Memcpy|Memset"
-TRACE_METRICS = {
-    "trace_kernels": "count", "trace_device_us": "us", "trace_span_us": "us",
-    "trace_busy": "fraction", "trace_copy_us": "us", "trace_copy_ops": "count",
-    "trace_graph_launches": "count", "trace_kernel_launches": "count", "trace_host_us": "us"
-}
+TRACE_METRICS = dict(trace_kernels="count", trace_device_us="us", trace_span_us="us",
+                     trace_busy="fraction", trace_copy_us="us", trace_copy_ops="count",
+                     trace_graph_launches="count", trace_kernel_launches="count",
+                     trace_host_us="us")
 COUNTED = {"launches": "count", "device_us": "us"}  # method 3's counting pass, per prefill phase
 
 
@@ -138,15 +123,12 @@ def phase_numbers(ev: pd.DataFrame) -> dict:
     def calls(pattern: str) -> int:
         return int(rt.name.str.contains(pattern, regex=True).sum())
 
-    return {
-        "trace_kernels": int((dev.category == "kernel").sum()), "trace_device_us": device_us,
-        "trace_span_us": span, "trace_busy": device_us / span if span else 0.0,
-        "trace_copy_us": float(copies.dur_us.sum()), "trace_copy_ops": int(
-            len(copies)), "trace_graph_launches": calls("GraphLaunch"),
-        "trace_kernel_launches": calls("LaunchKernel"),
-        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": calls(LAUNCH),
-        "device_us": device_us
-    }
+    return dict(trace_kernels=int((dev.category == "kernel").sum()), trace_device_us=device_us,
+                trace_span_us=span, trace_busy=device_us / span if span else 0.0,
+                trace_copy_us=float(copies.dur_us.sum()), trace_copy_ops=len(copies),
+                trace_graph_launches=calls("GraphLaunch"),
+                trace_kernel_launches=calls("LaunchKernel"), trace_host_us=float(host.dur_us.max())
+                if len(host) else 0.0, launches=calls(LAUNCH), device_us=device_us)
 
 
 def trace_rows(events: pd.DataFrame, metrics: dict = TRACE_METRICS) -> list:
@@ -159,10 +141,7 @@ def trace_rows(events: pd.DataFrame, metrics: dict = TRACE_METRICS) -> list:
 
 
 def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
-    """The per-kernel table of the eager prefill and of the same pieces run eagerly (first: CUPTI
-    takes one subscriber; nsight does not attribute a graph replay's kernels), the traced pass and
-    the counting pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars,
-    extra."""
+    """The per-kernel table (first: CUPTI takes one subscriber), the traced and counting passes."""
     cuda = dev.type == "cuda"
     rows, sidecars, extra = [], {}, {}
     if cuda and p.get("kernel_table_tokens"):
@@ -217,62 +196,6 @@ def _mib_reserved(dev) -> float:
     return torch.cuda.memory_reserved() / 2**20
 
 
-def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
-    """The gate on every wrapper variant (rows), and the runners the passing wrapper gets."""
-    decided = {
-        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), int(p["num_layers"]),
-                      capture_tokens)
-        for v in rebuild.ALL_VARIANTS
-    }
-    rows = [_row(v, m, f[m], u) for v, f in decided.items() for m, u in GATE_METRICS.items()]
-    off, on = decided["no_alias"]["result"], decided["property_guard"]["result"]
-    say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
-    if off.enabled or not on.enabled:
-        raise RuntimeError("gate outcome not as expected: no_alias must be off, property_guard on")
-    rows += [
-        _row("eager", "gate_enabled", off.enabled, "bool"),
-        _row("piecewise", "gate_enabled", on.enabled, "bool")
-    ]
-    make = partial(rebuild.PiecewiseRunner, on.layer_model,
-                   decided["property_guard"]["state"].attention_layers)
-    runner, ref_runner = make(capture_tokens,
-                              use_graphs=use_graphs), make(capture_tokens, use_graphs=False)
-    direct = None
-    if use_graphs and p["direct_token_counts"]:
-        direct = make(
-            sorted({rebuild.bucket_for(int(n), capture_tokens)
-                    for n in p["direct_token_counts"]}), handoff="direct")
-    return rows, runner, ref_runner, direct
-
-
-def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> list:
-    """Piecewise (and direct) against eager and the same padded pieces run eagerly."""
-    ref, pcg = eager_fwd(ids, pos).clone(), runner.forward(ids).clone()
-    c, same = compare(pcg, ref), compare(pcg, ref_runner.forward(ids).clone())
-    rows = [
-        _row("piecewise", m, c[m], u, n, N)
-        for m, u in (("max_abs_diff", "abs"), ("rel_rms_diff", "ratio"), ("ref_max_abs", "abs"),
-                     ("tolerance", "abs"), ("within_tol", "bool"))
-    ]
-    rows.append(_row("piecewise", "max_abs_diff_same_shape", same["max_abs_diff"], "abs", n, N))
-    if direct is not None:
-        rows.append(
-            _row("piecewise_direct", "max_abs_diff",
-                 compare(direct.forward(ids).clone(), ref)["max_abs_diff"], "abs", n, N))
-    return rows
-
-
-def _timing_rows(n, N, fns: dict, burst: Burst, p: dict, timer) -> list:
-    """The prefills and the launch burst in interleaved rounds; the burst's rows per launch."""
-    burst.host_ms.clear()
-    timed = timing.interleaved({**fns, HOST: burst}, rounds=max(1, int(p["rounds"])),
-                               warmup=int(p["warmup"]), repeat=int(p["repeat"]), timer=timer)
-    rows = [
-        r for v, t in timed.items() if v != HOST for r in t.rows(variant=v, num_tokens=n, bucket=N)
-    ]
-    return rows + burst.rows(timed[HOST], int(p["warmup"]), n, N)
-
-
 def check_params(p: dict, capture_tokens: list) -> list:
     """The timed token counts; one-line errors for counts the run cannot use."""
     counts = [int(n) for n in p["token_counts"]]
@@ -304,8 +227,32 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
                                 dtype=torch.bfloat16 if cuda else torch.float32)
             weights = ((torch.cuda.memory_allocated() if cuda else 0) - mem0) / 2**20
         say(f"model: {p['num_layers']} layers, hidden {p['hidden']}, {weights:.0f} MiB of weights")
-        with timing.phase("gate"):
-            rows, runner, ref_runner, direct = _runners(lm, p, capture_tokens, use_graphs, say)
+        with timing.phase("gate"):  # every wrapper variant around the measured LLM
+            decided = {
+                v: gate_facts(rebuild.build_wrapper(v, language_model=lm), int(p["num_layers"]),
+                              capture_tokens)
+                for v in rebuild.ALL_VARIANTS
+            }
+            rows = [
+                _row(v, m, f[m], u) for v, f in decided.items() for m, u in GATE_METRICS.items()
+            ]
+            off, on = decided["no_alias"]["result"], decided["property_guard"]["result"]
+            say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
+            if off.enabled or not on.enabled:
+                raise RuntimeError(
+                    "gate outcome not as expected: no_alias must be off, property_guard on")
+            rows += [
+                _row("eager", "gate_enabled", off.enabled, "bool"),
+                _row("piecewise", "gate_enabled", on.enabled, "bool")
+            ]
+            make = partial(rebuild.PiecewiseRunner, on.layer_model,
+                           decided["property_guard"]["state"].attention_layers)
+            runner = make(capture_tokens, use_graphs=use_graphs)  # the passing wrapper's runners
+            ref_runner, direct = make(capture_tokens, use_graphs=False), None
+            direct_at = p["direct_token_counts"]
+            if use_graphs and direct_at:
+                buckets = sorted({rebuild.bucket_for(int(n), capture_tokens) for n in direct_at})
+                direct = make(buckets, handoff="direct")
         rows.append(_row("eager", "weights", weights, "MiB"))
         with timing.phase("capture"):
             reserved0 = _mib_reserved(dev)
@@ -314,13 +261,10 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
             if direct is not None:
                 direct.capture()
         say(f"captured {runner.num_graphs} graphs in {runner.capture_s:.1f} s, pool {pool:.0f} MiB")
-        rows += [
-            _row("piecewise", "capture_time", runner.capture_s, "s"),
-            _row("piecewise", "graphs", runner.num_graphs, "count"),
-            _row("piecewise", "buckets", len(capture_tokens), "count"),
-            _row("piecewise", "graph_pool", pool, "MiB"),
-            _row("piecewise", "static_buffers", runner.static_bytes / 2**20, "MiB")
-        ]
+        captured = (("capture_time", runner.capture_s, "s"), ("graphs", runner.num_graphs, "count"),
+                    ("buckets", len(capture_tokens), "count"), ("graph_pool", pool, "MiB"),
+                    ("static_buffers", runner.static_bytes / 2**20, "MiB"))
+        rows += [_row("piecewise", m, v, u) for m, v, u in captured]
         direct_counts = {int(n) for n in p["direct_token_counts"]} if direct is not None else set()
         eager_fwd = lm.model.forward  # gate off: the plain forward, launched op by op
         gen, inputs = torch.Generator().manual_seed(int(p["seed"])), {}
@@ -337,13 +281,28 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
             return fns
 
         burst = Burst(dev, int(p["launch_burst"]))
+        checks = (("max_abs_diff", "abs"), ("rel_rms_diff", "ratio"), ("ref_max_abs", "abs"),
+                  ("tolerance", "abs"), ("within_tol", "bool"))
         for n in counts:
             N, (ids, pos) = runner.bucket(n), inputs[n]
-            with timing.phase("correctness"):
-                rows += _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner,
-                                          direct if n in direct_counts else None)
-            with timing.phase("timing"):
-                timed = _timing_rows(n, N, fns_at(n), burst, p, timer)
+            with timing.phase("correctness"):  # against eager and the same pieces run eagerly
+                ref, pcg = eager_fwd(ids, pos).clone(), runner.forward(ids).clone()
+                c, same = compare(pcg, ref), compare(pcg, ref_runner.forward(ids).clone())
+                rows += [_row("piecewise", m, c[m], u, n, N) for m, u in checks]
+                rows.append(
+                    _row("piecewise", "max_abs_diff_same_shape", same["max_abs_diff"], "abs", n, N))
+                if n in direct_counts:
+                    diff = compare(direct.forward(ids).clone(), ref)["max_abs_diff"]
+                    rows.append(_row("piecewise_direct", "max_abs_diff", diff, "abs", n, N))
+            with timing.phase("timing"):  # the prefills and the launch burst in interleaved rounds
+                burst.host_ms.clear()
+                times = timing.interleaved({**fns_at(n), HOST: burst},
+                                           rounds=max(1, int(p["rounds"])), warmup=int(p["warmup"]),
+                                           repeat=int(p["repeat"]), timer=timer)
+                timed = [
+                    r for v, t in times.items() if v != HOST
+                    for r in t.rows(variant=v, num_tokens=n, bucket=N)
+                ] + burst.rows(times[HOST], int(p["warmup"]), n, N)
             rows += timed
             med = {(r["variant"], r["metric"]): r["value"] for r in timed}
             say(f"{n} tokens: eager {med[('eager', 'time_median')]:.2f} ms, piecewise "
@@ -354,9 +313,8 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
         say("profiled: traced pass, launch counts" + (", kernel table" if cuda else ""))
         rows += prof_rows
         if cuda:
-            rows.append(
-                _row("process", "peak_allocated",
-                     torch.cuda.max_memory_allocated() / 2**20, "MiB"))
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            rows.append(_row("process", "peak_allocated", peak, "MiB"))
         del runner, ref_runner, direct, lm, eager_fwd, inputs
         if cuda:
             torch.cuda.synchronize()

@@ -1,8 +1,6 @@
-"""01 at the PR's own width and metrics: Kimi-K2.5's real widths served by the release's own server
-and measured with its own ``bench_serving`` (scenario ``01-kimi-full-serve``): TTFT, TPOT and E2E
-per prompt length and concurrency, piecewise graphs enforced against off, beside #26382's figures;
-and the checks of the full-width claims (TTFT here, prefill and decode under ``bench_one_batch``).
-"""
+"""01 at the PR's own width and metrics: Kimi-K2.5's real widths under the release's server and
+``bench_serving`` (TTFT, TPOT, E2E), piecewise graphs enforced against off, beside #26382's figures;
+and the checks of the full-width claims (TTFT; prefill and decode under ``bench_one_batch``)."""
 
 from __future__ import annotations
 
@@ -39,21 +37,18 @@ def frame(rs) -> pd.DataFrame:
 
 
 def numbers(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (metric, release, case, prompt tokens, in flight) of the variants that started:
-    the median over engine starts (``value``), the lowest and highest start (``lo``, ``hi``)."""
-    parts = [
-        engine_stats.numbers(df, m, only_started=True).assign(metric=name) for m, name in METRICS
-    ] if not df.empty else []
-    if not parts:
+    """Per (metric, release, case, prompt tokens, in flight): the starts' median, lo and hi."""
+    if df.empty:
         return pd.DataFrame()
-    d = pd.concat(parts).astype({"input_len": int, "requests": int})
+    d = pd.concat(
+        engine_stats.numbers(df, m, only_started=True).assign(metric=name) for m, name in METRICS)
+    d = d.astype({"input_len": int, "requests": int})
     return d.set_index(["metric", "release", "case", "input_len",
                         "requests"])[["value", "lo", "hi"]]
 
 
 def ratios(df: pd.DataFrame, case: str = ON, base: str = OFF) -> pd.Series:
-    """``case`` ÷ ``base`` (enforced ÷ off) on 0.5.13 (medians of the starts) per metric, prompt
-    tokens and in flight; empty where either did not run."""
+    """``case`` ÷ ``base`` on 0.5.13 per metric, prompt tokens and in flight (starts' medians)."""
     n = numbers(df)
     fixed = n.xs(FIXED, level="release")["value"].unstack("case") if not n.empty else n
     if not {case, base} <= set(fixed.columns):
@@ -77,9 +72,7 @@ def served(run):
 
 
 def ttft(run):
-    """Enforced ÷ off TTFT on 0.5.13 per prompt length and in flight (medians of the starts): above
-    1 + the A/A gap at the largest capture, below it at the shortest prompts (no slower there: the
-    prefill step's gain is a small share of a TTFT, within the spread between machines)."""
+    """Enforced ÷ off TTFT: above 1 + the A/A gap at the largest capture, below at the shortest."""
     df = _serving(run)
     r, gap = ratios(df), aa_gaps(df)
     if r.empty or gap.empty:
@@ -91,13 +84,11 @@ def ttft(run):
         if (n == short and x >= 1 + gap[n, c]) or (n == long_ and x <= 1 + gap[n, c])
     ]
     said = "; ".join(f"{n} tokens × {c}: {x:.2f}× (A/A {gap[n, c]:.1%})" for (n, c), x in r.items())
-    return holds(
-        not bad, f"TTFT enforced ÷ off (median of {engine_stats.starts_in(df, 'ttft')} "
-        f"interleaved starts): {said}", {
-            **{f"{n}x{c}": float(x)
-               for (n, c), x in r.items()}, "aa_noise": float(gap.max()),
-            "starts": engine_stats.starts_in(df, "ttft")
-        }, why_not=f"not beyond the A/A gap the expected way at {', '.join(bad)}")
+    value = {f"{n}x{c}": float(x) for (n, c), x in r.items()}
+    starts = engine_stats.starts_in(df, "ttft")
+    return holds(not bad, f"TTFT enforced ÷ off (median of {starts} interleaved starts): {said}",
+                 {**value, "aa_noise": float(gap.max()), "starts": starts},
+                 why_not=f"not beyond the A/A gap the expected way at {', '.join(bad)}")
 
 
 def _full_bench(run):
@@ -110,9 +101,7 @@ def benched(run):
 
 
 def full_prefill(run):
-    """Per full-width model, pcg-off ÷ enforced prefill (each side the fastest repeat of any start):
-    above 1 + the A/A gap at the shortest length, below 1 − it at the largest capture, each the gap
-    of pcg-off and its copy at that length (an eager step's host-bound noise is the short one's)."""
+    """Per full-width model, pcg-off ÷ enforced prefill beyond the A/A gap at both ends."""
     df = _full_bench(run)
     gains = tables.full_width_gains(df)
     gaps = engine_stats.aa_gap_at(df, "prefill", "input_len", tables.STAT)
@@ -134,20 +123,14 @@ DECODE_SAME = 0.02  # decode within 2% (or twice the A/A gap): no change piecewi
 
 
 def full_decode(run):
-    """Decode is not what piecewise graphs change: bench_serving's TPOT with one request in flight,
-    and bench_one_batch's decode step, enforced ÷ off, each within ±2% or twice its own A/A gap,
-    whichever is larger (``tpot_*``, ``decode_*``); TPOT with more in flight is shown, since other
-    requests' prefills land inside it. Each source's ratios are a group with its own A/A gap
-    (``tpot``, one per model), which alone widens their tolerance on a rerun."""
+    """TPOT with one request in flight and the decode step, enforced ÷ off, within their bounds."""
     checks, value, said = [], {}, []  # (name, enforced ÷ off, its A/A gap)
     df = _serving(run)
     if not ratios(df).empty:
         r, gap = ratios(df).xs("TPOT"), aa_gaps(df).xs("TPOT")
         checks.append(("tpot", r.xs(1, level="requests"), gap.xs(1, level="requests").max()))
-        value["tpot"] = {
-            **{f"{n}x{c}": float(x)
-               for (n, c), x in r.items()}, "aa_noise": float(gap.max())
-        }
+        value["tpot"] = {f"{n}x{c}": float(x) for (n, c), x in r.items()}
+        value["tpot"]["aa_noise"] = float(gap.max())
         value["busy_moved"] = float((r[r.index.get_level_values("requests") > 1] - 1).abs().max())
         said.append("TPOT " + ", ".join(f"{n}×{c} {x:.2f}×" for (n, c), x in r.items()))
     if benched(run) is None:
@@ -159,10 +142,8 @@ def full_decode(run):
         x, again = d[ON] / d[OFF], (d[OFF] / d.get(AGAIN, d[OFF]) - 1).abs().fillna(0.0)
         checks.append(("decode", x, again.max()))
         for m, g in x.groupby(level="model"):
-            value[m] = {
-                **{str(int(n)): float(v)
-                   for (_, n), v in g.items()}, "aa_noise": float(again.xs(m).max())
-            }
+            value[m] = {str(int(n)): float(v) for (_, n), v in g.items()}
+            value[m]["aa_noise"] = float(again.xs(m).max())
         said.append("decode step " + ", ".join(f"{m} {int(n)} {v:.3f}×" for (m, n), v in x.items()))
     if not checks:
         return not_applicable("no enforced and off decode timing at full width")
@@ -191,9 +172,7 @@ def kernel_timed(run):
 
 
 def full_attention(run):
-    """Why the captured step loses at long prompts: from 512 tokens to the largest capture its
-    attention kernels take at least :data:`ABSORBED` × the eager step's, while the MoE kernels take
-    the same (±10%); beyond the capture both steps are eager and the attention is the same."""
+    """Why the captured step loses at long prompts: its attention kernels, the MoE ones alike."""
     t = tables.kernel_times(_full_bench(run))
     ratio = {
         (m, n): (a, moe)
@@ -206,16 +185,14 @@ def full_attention(run):
     ]
     said = "; ".join(
         f"{m} {n}: attention {a:.2f}×, MoE {moe:.2f}×" for (m, n), (a, moe) in ratio.items())
+    value = {f"{m} {n}": float(a) for (m, n), (a, _) in ratio.items()}
     return holds(not bad and bool(ratio), f"kernel time enforced ÷ off per prefill step: {said}",
-                 {f"{m} {n}": float(a)
-                  for (m, n), (a, _) in ratio.items()},
+                 value,
                  why_not=f"not as absorbed MLA inside the graphs would make it at {', '.join(bad)}")
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per prompt length and concurrency, each metric (ms, median over engine starts [lowest–
-    highest start]) with piecewise graphs off and enforced on 0.5.13, enforced ÷ off, and the A/A
-    control's gap (pcg-off started twice); 0.5.12.post1 enforced (the gate refuses) where run."""
+    """Per prompt length and in flight, each metric off and enforced, their ratio, the A/A gap."""
     n = numbers(df)
     if n.empty:
         return pd.DataFrame()
@@ -286,9 +263,7 @@ def show(rs) -> None:
 
 
 def each_run(rs) -> list[str]:
-    """Per full-width serving run of the shown GPU model (oldest first), enforced ÷ off TTFT at the
-    shortest prompts and at the largest capture: how far the answer repeats from machine to
-    machine."""
+    """Per full-width serving run of the shown GPU model, enforced ÷ off TTFT at both ends."""
     gpu, _ = _newest_gpu(rs, {MODEL})
     said = []
     for r in sorted([*rs.shown, *rs.elsewhere], key=lambda r: r.manifest.created_utc):
@@ -305,8 +280,7 @@ def each_run(rs) -> list[str]:
 
 
 def scheduler(df: pd.DataFrame) -> str:
-    """Per 0.5.13 case, the prefill batches the scheduler logged in one engine start (median of
-    the starts), those of several requests, and the share run on a piecewise graph."""
+    """Per 0.5.13 case, the prefill batches the scheduler logged and the share on a graph."""
     n = {m: engine_stats.numbers(df, f"serve_prefill_{m}") for m in ("batches", "mixed", "graph")}
     if any(d.empty for d in n.values()):
         return ""
@@ -322,8 +296,7 @@ def scheduler(df: pd.DataFrame) -> str:
 
 
 def _bench_table(rs, make) -> tuple[str, pd.DataFrame]:
-    """``make`` over the newest GPU model's full-width bench_one_batch rows, and that GPU; where it
-    is empty, what records them."""
+    """``make`` over the newest GPU model's full-width bench_one_batch rows, and that GPU."""
     gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
     t = make(df)
     if t.empty:
@@ -363,9 +336,7 @@ def kernels(rs) -> None:
 
 
 def before_after(rs) -> None:
-    """#26382's own before → after at full width: 0.5.12.post1 with --enforce-piecewise-cuda-graph
-    (the gate refuses: eager prefill) against 0.5.13 enforced, started in the same rounds of the
-    newest run that holds both; each side the median of the starts that answered."""
+    """#26382's own before → after at full width: 0.5.12.post1 enforced against 0.5.13."""
     found = [(r, engine_records.frame([r])) for r in ([*rs.shown, *rs.elsewhere] if rs else [])]
     found = [(r, df[(df.model == MODEL) & (df.tool == "serve")]) for r, df in found]
     found = [(r, df) for r, df in found if (df.release != FIXED).any() and (df.case == ON).any()]

@@ -1,8 +1,6 @@
-"""The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its probe (a
-release's ``KimiK25ForConditionalGeneration.__init__`` around the rebuild's 2-layer LLM, then the
-release's gate on a stand-in runner), the comparison with the rebuild, ``ENGINE`` (the real-engine
-scenarios) and ``CODE_PATH`` (where the fix sits in 0.5.13).
-"""
+"""The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its probe (the
+release's Kimi class through the release's gate), the comparison with the rebuild, ``ENGINE`` (the
+real-engine scenarios) and ``CODE_PATH`` (where the fix sits in 0.5.13)."""
 
 from __future__ import annotations
 
@@ -40,43 +38,29 @@ TOKENS = [4, 8, 16]  # any non-empty capture list: the gate only checks that one
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
-def inspect_kimi_wrapper(source: str) -> dict:
-    """Static reading of ``models/kimi_k25.py``: a ``model`` property, a ``__setattr__`` guard, a
-    plain ``self.model = ...``."""
-    cls = S.find(S.parse(source), "KimiK25ForConditionalGeneration")
-    found = {
-        "class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
-        "plain_alias": None
-    }
-    if not found["class"]:
-        return found
-    prop = S.find(cls, "model")
-    found["property"] = prop is not None and any(
-        ast.unparse(d) == "property" for d in prop.decorator_list)
-    found["guard"] = "model" in S.string_constants(S.find(cls, "__setattr__"))
-    alias = S.assignments(S.find(cls, "__init__"), "self.model")
-    found["plain_alias"] = ast.unparse(alias[0]) if alias else None
-    return found
-
-
 def check(read) -> Verdict:
     src = read(KIMI_MODEL)
     if src is None:
         return Verdict("absent", "no models/kimi_k25.py: Kimi-K2.5 is not in this SGLang")
-    f = inspect_kimi_wrapper(src)
-    if not f["class"]:
+    cls = S.find(S.parse(src), "KimiK25ForConditionalGeneration")
+    if not isinstance(cls, ast.ClassDef):
         return Verdict("unknown", "models/kimi_k25.py has no KimiK25ForConditionalGeneration class")
-    if f["property"] and f["guard"]:
+    prop = S.find(cls, "model")
+    has_property = prop is not None and any(
+        ast.unparse(d) == "property" for d in prop.decorator_list)
+    guard = "model" in S.string_constants(S.find(cls, "__setattr__"))
+    alias = S.assignments(S.find(cls, "__init__"), "self.model")
+    if has_property and guard:
         return Verdict(
             "pr-era", "`model` property returns language_model and __setattr__ drops "
             "writes to `model`: the PCG gate passes, the LLM is registered once")
-    if f["property"]:
+    if has_property:
         return Verdict(
             "before", "`model` property without the __setattr__ guard: the gate "
             "passes, but the runner's write to `.model` registers the LLM a second time")
-    if f["plain_alias"]:
+    if alias:
         return Verdict(
-            "before", f"plain `self.model = {f['plain_alias']}` in __init__: the gate "
+            "before", f"plain `self.model = {ast.unparse(alias[0])}` in __init__: the gate "
             "passes, but nn.Module registers it twice (duplicate model.* keys)")
     return Verdict(
         "before", "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-"
@@ -103,38 +87,33 @@ def build_kimi(kimi, cls=None):
 def _gate_pr_era(prepared, wrapper) -> dict:
     """``ModelRunner.init_piecewise_cuda_graphs`` of 0.5.1x on a stand-in runner."""
     mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
-    runner = types.SimpleNamespace(
-        server_args=types.SimpleNamespace(disable_piecewise_cuda_graph=False,
-                                          piecewise_cuda_graph_tokens=TOKENS,
-                                          enable_breakable_cuda_graph=False), is_draft_worker=False,
-        model=wrapper, model_config=types.SimpleNamespace(num_hidden_layers=2), device="cpu",
-        gpu_id=0)
+    ns = types.SimpleNamespace
+    runner = ns(
+        server_args=ns(disable_piecewise_cuda_graph=False, piecewise_cuda_graph_tokens=TOKENS,
+                       enable_breakable_cuda_graph=False), is_draft_worker=False, model=wrapper,
+        model_config=ns(num_hidden_layers=2), device="cpu", gpu_id=0)
     rec = Recorder()
     names = {"PiecewiseCudaGraphRunner": rec, "get_available_gpu_memory": lambda *a, **k: 0.0}
     if hasattr(mr, "BreakableCudaGraphRunner"):
         names["BreakableCudaGraphRunner"] = rec
     with patched(mr, **names), captured_logs(mr.__name__) as logs:
         mr.ModelRunner.init_piecewise_cuda_graphs(runner)
-    return {
-        "gate": "ModelRunner.init_piecewise_cuda_graphs", "enabled": bool(rec.calls), "logs": logs,
-        "attention_layers": getattr(runner, "attention_layers", [])
-    }
+    return dict(gate="ModelRunner.init_piecewise_cuda_graphs", enabled=bool(rec.calls), logs=logs,
+                attention_layers=getattr(runner, "attention_layers", []))
 
 
 def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
     """``capture_prefill_graph`` of 0.5.16 on, on a stand-in runner, breakable prefill backend."""
-    cgs = bootstrap.import_release_module(
-        prepared, "sglang.srt.model_executor.model_runner_components.cuda_graph_setup")
-    mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
-    cfgmod = bootstrap.import_release_module(prepared,
-                                             "sglang.srt.model_executor.cuda_graph_config")
+    load = functools.partial(bootstrap.import_release_module, prepared)
+    cgs = load("sglang.srt.model_executor.model_runner_components.cuda_graph_setup")
+    mr = load("sglang.srt.model_executor.model_runner")
+    cfgmod = load("sglang.srt.model_executor.cuda_graph_config")
     from sglang.srt.runtime_context import get_context  # the release's own module
 
     ns = types.SimpleNamespace
     runner = ns(is_draft_worker=False, spec_algorithm=ns(is_eagle=lambda: False), lora_manager=None,
-                model=wrapper, model_config=ns(context_len=4096, num_hidden_layers=2),
-                req_to_token_pool=ns(size=64), layer_info=ns(start_layer=0,
-                                                             end_layer=2), device="cpu", gpu_id=0)
+                model=wrapper, model_config=ns(context_len=4096, num_hidden_layers=2), device="cpu",
+                req_to_token_pool=ns(size=64), layer_info=ns(start_layer=0, end_layer=2), gpu_id=0)
     runner.get_cuda_graph_layers = types.MethodType(mr.ModelRunner.get_cuda_graph_layers, runner)
     cfg = cfgmod.CudaGraphConfig(
         prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE, bs=list(TOKENS)))
@@ -144,31 +123,8 @@ def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
                     get_available_gpu_memory=lambda *a, **k: 0.0), \
             captured_logs(cgs.__name__) as logs:
         result = cgs.capture_prefill_graph(model_runner=runner, eager_runner=eager)
-    return {
-        "gate": "cuda_graph_setup.capture_prefill_graph", "enabled": result.runner is rec,
-        "logs": logs, "attention_layers": list(getattr(runner, "attention_layers", []))
-    }
-
-
-def _case_rows(case: str, wrapper, gate_fn, prepared) -> list[dict]:
-    in_modules, keys_before = "model" in wrapper._modules, sorted(wrapper.state_dict())
-    alias = getattr(wrapper, "model", None)
-    out = gate_fn(prepared, wrapper)
-    attn = [a for a in out["attention_layers"] if a is not None]
-    layers_path = None
-    if attn:
-        p = module_path(wrapper, attn[0])  # e.g. language_model.model.layers.0.self_attn.attn
-        layers_path = p.rsplit(".layers.", 1)[0] if p and ".layers." in p else p
-    facts = {
-        "gate": out["gate"], "has_model_attr": alias is not None,
-        "alias_target": module_path(wrapper, alias) if alias is not None else None,
-        "model_in_modules_before_gate": in_modules, "gate_enabled": out["enabled"], "messages": [
-            m for _, m in out["logs"]
-        ], "keys_before_gate": keys_before, "keys_after_gate": sorted(wrapper.state_dict()),
-        "model_in_modules_after_gate": "model" in wrapper._modules, "layer_model_path": layers_path,
-        "num_attention_layers": len(attn)
-    }
-    return [{"case": case, "metric": k, "value": v} for k, v in facts.items()]
+    return dict(gate="cuda_graph_setup.capture_prefill_graph", enabled=result.runner is rec,
+                logs=logs, attention_layers=list(getattr(runner, "attention_layers", [])))
 
 
 def probe(prepared, params) -> list[dict]:
@@ -182,10 +138,26 @@ def probe(prepared, params) -> list[dict]:
         cases.append(("property_without_guard",
                       type("KimiPropertyWithoutGuard", (cls,),
                            {"__setattr__": torch.nn.Module.__setattr__})))
-    return [
-        row for case, klass in cases
-        for row in _case_rows(case, build_kimi(kimi, klass), gate_fn, prepared)
-    ]
+    rows = []
+    for case, klass in cases:
+        wrapper = build_kimi(kimi, klass)
+        in_modules, keys_before = "model" in wrapper._modules, sorted(wrapper.state_dict())
+        alias = getattr(wrapper, "model", None)
+        out = gate_fn(prepared, wrapper)
+        target = module_path(wrapper, alias) if alias is not None else None  # after the gate
+        attn = [a for a in out["attention_layers"] if a is not None]
+        layers_path = None
+        if attn:
+            p = module_path(wrapper, attn[0])  # e.g. language_model.model.layers.0.self_attn.attn
+            layers_path = p.rsplit(".layers.", 1)[0] if p and ".layers." in p else p
+        facts = dict(gate=out["gate"], has_model_attr=alias is not None, alias_target=target,
+                     model_in_modules_before_gate=in_modules, gate_enabled=out["enabled"],
+                     messages=[m for _, m in out["logs"]], keys_before_gate=keys_before,
+                     keys_after_gate=sorted(wrapper.state_dict()),
+                     model_in_modules_after_gate="model" in wrapper._modules,
+                     layer_model_path=layers_path, num_attention_layers=len(attn))
+        rows += [{"case": case, "metric": k, "value": v} for k, v in facts.items()]
+    return rows
 
 
 # -- the comparison: the releases beside the rebuild -----------------------------------------------
@@ -196,11 +168,9 @@ def rebuild_facts(variant: str) -> dict:
     with rebuild.quiet_gate():
         res = rebuild.init_piecewise_cuda_graphs(
             rebuild.ModelRunnerState(w, num_hidden_layers=rebuild.TINY_LM.num_layers))
-    return {
-        "gate_enabled": res.enabled, "keys_before_gate": before,
-        "keys_after_gate": sorted(w.state_dict()), "model_in_modules_after_gate": "model"
-        in w._modules, "layer_model_path": res.layer_model_path if res.enabled else None
-    }
+    return dict(gate_enabled=res.enabled, keys_before_gate=before,
+                keys_after_gate=sorted(w.state_dict()), model_in_modules_after_gate="model"
+                in w._modules, layer_model_path=res.layer_model_path if res.enabled else None)
 
 
 def real_facts(result, case: str = "as_released") -> dict:
@@ -245,31 +215,24 @@ def width_args(hidden: int) -> tuple[str, ...]:
     if hidden == 512:
         return ()
     heads = hidden // 64
-    override = {
-        "hidden_size": hidden, "intermediate_size": hidden * 11 // 4, "num_attention_heads": heads,
-        "num_key_value_heads": heads
-    }
+    override = dict(hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                    num_attention_heads=heads, num_key_value_heads=heads)
     return ("--json-model-override-args", json.dumps(override, separators=(",", ":")))
 
 
 OFF = Case("pcg-off", ("--disable-piecewise-cuda-graph",))
 SIZES = dict(input_lens=(128, 256, 512, 1024), repeats=5, starts=3, control="pcg-off",
              launch_pass=True, output_len=8)
+# 01-kimi-pcg: 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model
+# needs with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
 ENGINE = (
     Scenario(
-        fix="pcg_gate",
-        name="01-kimi-pcg",
-        model="kimi_k25_tiny",
-        tool="bench",
+        fix="pcg_gate", name="01-kimi-pcg", model="kimi_k25_tiny", tool="bench",
         what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
         "piecewise CUDA graph decided by the release, and prefill latency per token count with it "
-        "on and off",
-        releases=("0.5.12.post1", "0.5.13"),
-        # 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model needs
-        # with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
+        "on and off", releases=("0.5.12.post1", "0.5.13"),
         cases=(Case("default", PCG_FLAGS),
-               Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)), OFF),
-        **SIZES,
+               Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)), OFF), **SIZES,
         expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
         "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; pcg-off: the "
         "eager baseline"),
@@ -291,10 +254,7 @@ ENGINE = (
         expect="the gain off / pcg falls as the width (compute per launch) grows"))
 
 # Kimi-K2.5 at its real widths under the release's server and bench_serving, as the PR measured:
-# 2 of its 61 layers (one dense, one MoE: 40 GB of dummy weights) fit one 80-GB GPU with its KV
-# cache, so any lent one-GPU kind runs it; decode graphs stop at 8 requests (4 in flight) and
-# lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds the
-# multimodal processor at start-up: 05's stand-in processor (a shared adjustment) stands in.
+# 2 of its 61 layers (40 GB of dummy weights) fit one 80-GB GPU; 05's stand-in processor stands in.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
 PROCESSOR = "kimi-k25-processor-stand-in"  # a shared adjustment: sglab.sglang.engine.spec
 SERVE = Scenario(
@@ -326,11 +286,9 @@ RANK_BENCH = Scenario(
 ENGINE = ENGINE + (SERVE, FULL_BENCH, RANK_BENCH)
 
 # #26382's own benchmark, as its description gives it (the PR's figures, not measured here)
-PR_BENCHMARK = {
-    "setup": "Kimi-K2.5 with real weights, TP 4 on B200", "where": "B200, TP 4", "metrics": {
-        "TTFT": ("s", 0.479, 0.147), "TPOT": ("ms", 12.5, 17.7), "E2E": ("s", 0.722, 0.488)
-    }
-}
+PR_BENCHMARK = dict(
+    setup="Kimi-K2.5 with real weights, TP 4 on B200", where="B200, TP 4",
+    metrics=dict(TTFT=("s", 0.479, 0.147), TPOT=("ms", 12.5, 17.7), E2E=("s", 0.722, 0.488)))
 
 # where the fix sits in 0.5.13, the first release with it: the flags decide, the gate asks, the
 # alias answers, the guard drops the write-back, the runner captures

@@ -24,10 +24,7 @@ def latency(rs) -> None:
         print(summary(r))
         print(host_line(r))
         lat = latency_of(r)
-        cols = [
-            c for c in lat.columns
-            if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
-        ]
+        cols = [c for c in lat if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")]
         # the direct hand-off is timed above the capture sizes only
         notebook.show_table(text.blank(lat[cols].round(3), ["direct median ms", "speedup_direct"]))
     notebook.show_figure(latency_figure(rs.shown))
@@ -49,11 +46,8 @@ def launches(rs) -> None:
 def correctness(rs) -> None:
     """Piecewise against eager on every GPU shown, and one line per run."""
     cols = ("bucket", *CHECKS)
-    notebook.show_table(
-        pd.concat(
-            {c: pd.DataFrame({r.manifest.gpu: latency_of(r)[c]
-                              for r in rs.shown})
-             for c in cols}, axis=1))
+    per_gpu = {c: pd.DataFrame({r.manifest.gpu: latency_of(r)[c] for r in rs.shown}) for c in cols}
+    notebook.show_table(pd.concat(per_gpu, axis=1))
     for r in rs.shown:
         lat = latency_of(r)
         nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
@@ -76,10 +70,8 @@ def profiler(rs) -> None:
             notebook.show_figure(timeline(r, int(n)))
         if r.sidecar("trace") is not None:
             notebook.file_link(r.sidecar("trace"), f"{r.label}: the Perfetto trace")
-        notebook.show_table(
-            text.counts(
-                trace_table(r.df).round(1),
-                ["kernels", "kernel_launches", "graph_launches", "copy_ops"]))
+        counted = ["kernels", "kernel_launches", "graph_launches", "copy_ops"]
+        notebook.show_table(text.counts(trace_table(r.df).round(1), counted))
         notebook.show_table(text.counts(copy_explanation(r.df).round(3), ["extra copy ops"]))
         table, kt = r.sidecar("kernels"), r.manifest.kernel_table
         if table is not None:
@@ -90,10 +82,8 @@ def profiler(rs) -> None:
 
 
 # -- figures ---------------------------------------------------------------------------------------
-HOW = {
-    "no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
-    "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"
-}
+HOW = dict(no_alias="no .model", plain_alias="self.model =\nself.language_model.model",
+           property_only="@property model", property_guard="@property model\n+ __setattr__ guard")
 
 
 def mechanism_facts(rs=None) -> pd.DataFrame:
@@ -213,8 +203,7 @@ def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_di
 
 # -- your own setup: a prefill length and --piecewise-cuda-graph-max-tokens ------------------------
 def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = None):
-    """Per recorded GPU run: the bucket ``tokens`` pads to under ``max_tokens`` and the recorded
-    medians at the nearest measured count."""
+    """Per recorded GPU run: the bucket ``tokens`` pads to, and the medians at the nearest count."""
     sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
     bucket = rebuild.bucket_for(int(tokens), sizes)
     shown = (runs.newest(runs.load_all_recorded("pcg_gate"), runs.gpu_short)
@@ -236,9 +225,7 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
 
 def your_setup(interactive: bool = False):
     """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → :func:`setup_table`."""
-    controls = {
-        "tokens": [1, 16, 100, 300, 1000, 3000, 5000], "max_tokens": [512, 2048, 4096, 8192]
-    }
+    controls = dict(tokens=[1, 16, 100, 300, 1000, 3000, 5000], max_tokens=[512, 2048, 4096, 8192])
     static = [{"tokens": 100, "max_tokens": 4096}, {"tokens": 3000, "max_tokens": 4096},
               {"tokens": 3000, "max_tokens": 2048}]
     return notebook.explore(setup_table, controls, static=static,
@@ -248,9 +235,7 @@ def your_setup(interactive: bool = False):
 
 # -- the real engine, before and after (data/recorded/engine_pcg_gate/) ----------------------------
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
-    """Per captured case and input length: the launches removed against pcg-off, their cost at
-    ``host_us(release, model, case)`` µs each, and the measured saving (:data:`STAT`); lengths
-    where none was removed (past the largest capture the step runs eager) are left out."""
+    """Per captured case and input length: the launches removed, their cost, the measured saving."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
@@ -291,8 +276,7 @@ def _launch_cells(rs) -> None:
 
 
 def buckets_line(buckets: list[int]) -> str:
-    """The token-count buckets in a sentence: how many, from and to, and the step up to each
-    boundary where it changes (``4 buckets from 4 to 16 tokens, in steps of 4``)."""
+    """The token-count buckets in a sentence (``4 buckets from 4 to 16 tokens, in steps of 4``)."""
     b = sorted(buckets)
     if len(b) < 2:
         return f"{len(b)} bucket{'s' * (len(b) != 1)}: {', '.join(map(str, b))} tokens"
@@ -319,8 +303,7 @@ CASE_ORDER = ("default", "enforce", "pcg", "pcg-off", "pcg-off-again")
 
 
 def engine_scope(rs) -> pd.DataFrame:
-    """What the section's runs measured, read from them: per model and tool, the releases with
-    their cases and the prompt lengths (tokens); empty without a run."""
+    """Per model and tool of the section's runs: the releases and their cases, the prompt tokens."""
     df = engine_records.frame(rs.shown) if rs else pd.DataFrame()
     d = df[df["input_len"].notna()] if "input_len" in df else df
     if d.empty:
@@ -370,7 +353,17 @@ def engine_times(rs) -> None:
 
 def width_sweep(rs) -> None:
     """Off ÷ captured prefill by tokens: a line per hidden size, a panel per GPU model."""
-    panels = _width_panels(rs) if rs else []
+    by_gpu = {rs.first.manifest.gpu: list(rs.shown)} if rs else {}
+    for r in rs.elsewhere if rs else []:
+        by_gpu.setdefault(r.manifest.gpu, []).append(r)
+    panels = []  # (gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)
+    for gpu, found in by_gpu.items():
+        df = engine_records.frame(found)
+        gains, full = width_gains(df), full_width_gains(df)
+        if not gains.empty or not full.empty:
+            swept = [r for r in found if r.df["case"].map(_swept).any()]
+            costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
+            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None, full))
     if not panels:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
               "01-llama-width")
@@ -379,9 +372,39 @@ def width_sweep(rs) -> None:
                              height=4.2)
     axes = axes[0] if len(panels) > 1 else [axes]
     for i, (ax, (gpu, df, gains, cost, full)) in enumerate(zip(axes, panels)):
-        _draw_width(ax, df, gains, gpu, cost, full=full)
-        if i:
-            ax.set_ylabel("")
+        both = pd.concat([gains, full]) if not full.empty else gains
+        starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
+        widths = gains["hidden"].nunique()
+        for k, (h, g) in enumerate(gains.groupby("hidden")):
+            n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
+            nudge = 2**(0.05 * (k - (widths - 1) / 2))  # side by side, so the bars do not overlap
+            ax.errorbar(
+                g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
+                marker="o", capsize=3, elinewidth=0.8,
+                label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
+        # Kimi-K2.5's own widths (1 dense + 1 MoE layer), squares; hollow where the enforced step
+        # replayed no graph (beyond the release's capture cap: eager on both sides)
+        for (label, n), g in full.groupby(["label", "starts"], sort=False):
+            line = ax.errorbar(
+                g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]], marker="s",
+                ls=":", capsize=3, elinewidth=0.8,
+                label=label + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
+            eager = g[g["replayed"] == False]  # noqa: E712 - None (no launch pass) is not eager
+            ax.plot(eager["tokens"], eager["gain"], "s", mfc="white", mec=line[0].get_color(), ms=7)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="prefill tokens (batch 1)", ylabel="" if i else "pcg-off / piecewise prefill")
+        shown = df["case"].map(_swept) | (df["model"].isin(FULL_WIDTH) & (not full.empty))
+        rel = ", ".join(sorted(set(df.loc[shown, "release"])))
+        how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
+               if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
+               if starts > 1 else "one engine start: no spread measured")
+        host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
+        what = ", ".join(
+            w for w, t in (("Llama 32 layers", gains), ("Kimi-K2.5 widths", full)) if not t.empty)
+        ax.set_title(f"{gpu}{host}\nSGLang {rel} bench_one_batch: {what}\n{how}", fontsize=9)
+        tokens = sorted({int(t) for t in both["tokens"]})
+        ax.set_xticks(tokens, [str(t) for t in tokens])
     # one legend for every panel's lines (a GPU model may lack the sweep or the full width)
     lines = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
     axes[-1].legend(lines.values(), lines.keys(), fontsize=8, loc="center left",
@@ -389,74 +412,20 @@ def width_sweep(rs) -> None:
     notebook.show_figure(fig)
 
 
-def _width_panels(rs) -> list:
-    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]``."""
-    by_gpu = {rs.first.manifest.gpu: list(rs.shown)}
-    for r in rs.elsewhere:
-        by_gpu.setdefault(r.manifest.gpu, []).append(r)
-    panels = []
-    for gpu, found in by_gpu.items():
-        df = engine_records.frame(found)
-        gains, full = width_gains(df), full_width_gains(df)
-        if not gains.empty or not full.empty:
-            swept = [r for r in found if r.df["case"].map(_swept).any()]
-            costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
-            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None, full))
-    return panels
-
-
-def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, full: pd.DataFrame):
-    both = pd.concat([gains, full]) if not full.empty else gains
-    starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
-    widths = gains["hidden"].nunique()
-    for i, (h, g) in enumerate(gains.groupby("hidden")):
-        n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
-        nudge = 2**(0.05 * (i - (widths - 1) / 2))  # side by side, so the bars do not overlap
-        ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
-                    marker="o", capsize=3, elinewidth=0.8,
-                    label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
-    # Kimi-K2.5's own widths (1 dense + 1 MoE layer), squares; hollow where the enforced step
-    # replayed no graph (beyond the release's capture cap: eager on both sides)
-    for (label, n), g in full.groupby(["label", "starts"], sort=False):
-        line = ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
-                           marker="s", ls=":", capsize=3, elinewidth=0.8,
-                           label=label + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
-        eager = g[g["replayed"] == False]  # noqa: E712 - None (no launch pass) is not eager
-        ax.plot(eager["tokens"], eager["gain"], "s", mfc="white", mec=line[0].get_color(), ms=7)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("prefill tokens (batch 1)")
-    ax.set_ylabel("pcg-off / piecewise prefill")
-    shown = df["case"].map(_swept) | (df["model"].isin(FULL_WIDTH) & (not full.empty))
-    rel = ", ".join(sorted(set(df.loc[shown, "release"])))
-    how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
-           if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
-           if starts > 1 else "one engine start: no spread measured")
-    host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
-    what = ", ".join(
-        w for w, t in (("Llama 32 layers", gains), ("Kimi-K2.5 widths", full)) if not t.empty)
-    ax.set_title(f"{gpu}{host}\nSGLang {rel} bench_one_batch: {what}\n{how}", fontsize=9)
-    tokens = sorted({int(t) for t in both["tokens"]})
-    ax.set_xticks(tokens, [str(t) for t in tokens])
-
-
 # -- the rebuild beside the real engine and the PR -------------------------------------------------
 def beside_rows(rs, engine) -> list[dict]:
-    """How much piecewise graphs buy as the rebuild, the engine and the PR measure it: launch counts
-    first, then the timings."""
+    """How much piecewise graphs buy as the rebuild, the engine and the PR measure it."""
     df = engine_records.frame(engine.shown) if engine else pd.DataFrame()
     pairs = captured_over_off(df) if engine else {}
     lo = min((min(r) for r in pairs.values()), default=128)
     hi = max((max(r) for r in pairs.values()), default=1024)
-    rows = engine_view.missing_rows(rs, engine)
+    found = []  # (source, measures, figure)
     lt = launch_table(rs.first.df).loc[lo:hi] if rs else pd.DataFrame()
     if not lt.empty:
-        rows.append({
-            "source": f"rebuild ({rs.first.manifest.gpu})",
-            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
-            "tokens", "figure": f"{text.count(lt['eager launches'])} → "
-            f"{text.count(lt['piecewise launches'])}"
-        })
+        found.append(
+            (f"rebuild ({rs.first.manifest.gpu})", "launches per prefill forward, eager "
+             f"→ piecewise (profiler), {lo}–{hi} tokens", f"{text.count(lt['eager launches'])} → "
+             f"{text.count(lt['piecewise launches'])}"))
     counts = launch_counts(df)
     variants = {k[:3] for k in counts.index}
     for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
@@ -466,37 +435,29 @@ def beside_rows(rs, engine) -> list[dict]:
         tokens = g.index.get_level_values("tokens")
         g = g[tokens <= cap] if cap else g
         off = counts.loc[(model, rel, "pcg-off")].loc[g.index.get_level_values("tokens")]
-        rows.append({
-            "source": f"SGLang {rel} engine ({model}, {case})",
-            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
-            "replays; bench_one_batch under the profiler)"
-            + (f", up to its largest capture ({cap} tokens)" if tokens.max() > cap > 0 else ""),
-            "figure": f"{text.count(off.launches)} → {text.count(g.kernels)} + "
-            f"{text.count(g.graphs)} graphs"
-        })
-    if rs:
-        sp = latency_of(rs.first)["speedup"].loc[lo:hi]
-        if not sp.empty:
-            rows.append({
-                "source": f"rebuild ({rs.first.manifest.gpu})",
-                "measures": "eager ÷ piecewise, forward only (CUDA events), 16-layer bf16 "
-                f"decoder, {lo}–{hi} tokens", "figure": text.span(sp.values, unit="×")
-            })
+        found.append(
+            (f"SGLang {rel} engine ({model}, {case})", "launches per prefill step, pcg-off → "
+             "piecewise (kernels + graph replays; bench_one_batch under the profiler)"
+             + (f", up to its largest capture ({cap} tokens)" if tokens.max() > cap > 0 else ""),
+             f"{text.count(off.launches)} → {text.count(g.kernels)} + "
+             f"{text.count(g.graphs)} graphs"))
+    sp = latency_of(rs.first)["speedup"].loc[lo:hi] if rs else pd.Series(dtype=float)
+    if not sp.empty:
+        found.append((f"rebuild ({rs.first.manifest.gpu})", "eager ÷ piecewise, forward only "
+                      f"(CUDA events), 16-layer bf16 decoder, {lo}–{hi} tokens",
+                      text.span(sp.values, unit="×")))
     starts = engine_stats.starts_in(df, "prefill") if engine else 1
     for (model, rel, case), r in pairs.items():
         cost = engine_records.host_us(engine, rel, model, case)  # the host that ran it
         spread = [y for x in r.values() for y in x[1:]]
-        rows.append({
-            "source": f"SGLang {rel} engine ({model}, {case})",
-            "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, dummy "
-            f"weights), {min(r)}–{max(r)} tokens; {engine_stats.timing_source(starts, cost, STAT)}",
-            "figure": text.span([x[0] for x in r.values()], unit="×")
-            + (f" (starts {text.span(spread, unit='×')})" if starts > 1 else "")
-        })
+        found.append((f"SGLang {rel} engine ({model}, {case})", "pcg-off ÷ piecewise, whole "
+                      f"prefill step (bench_one_batch, dummy weights), {min(r)}–{max(r)} tokens; "
+                      f"{engine_stats.timing_source(starts, cost, STAT)}",
+                      text.span([x[0] for x in r.values()], unit="×")
+                      + (f" (starts {text.span(spread, unit='×')})" if starts > 1 else "")))
     unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
-    rows.append({
-        "source": f"#26382's description ({sglang.PR_BENCHMARK['where']})",
-        "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights ({before} {unit} → "
-        f"{after} {unit})", "figure": f"{before / after:.2f}×"
-    })
-    return rows
+    found.append((f"#26382's description ({sglang.PR_BENCHMARK['where']})",
+                  f"TTFT before ÷ after on Kimi-K2.5, real weights ({before} {unit} → {after} "
+                  f"{unit})", f"{before / after:.2f}×"))
+    found = [dict(zip(("source", "measures", "figure"), f)) for f in found]
+    return engine_view.missing_rows(rs, engine) + found

@@ -1,6 +1,5 @@
-"""A pcg_gate run read as tables (latency, launches, the gate, the traced pass, the copies), and
-the real engine's runs read as 01's pairs, launch counts and width gains: what the claims check and
-the notebook shows."""
+"""A pcg_gate run read as tables (latency, launches, the gate, the traced pass, the copies), and the
+real engine's runs as 01's pairs, launch counts and width gains: what claims and notebook read."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def _per_token(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per timed token count: eager and piecewise median/p10/p90 (ms), ``speedup`` (eager /
-    piecewise median), the correctness columns, and the direct hand-off where measured."""
+    """Per timed count: eager and piecewise times (ms), their ratio, the correctness columns."""
     d = _per_token(df)
     times = d[d.metric.isin([m for m, _ in TIMES])]
     wide = times.pivot_table(index="num_tokens", columns=["variant", "metric"], values="value")
@@ -56,9 +54,7 @@ def latency_of(run) -> pd.DataFrame:
 
 
 def launch_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Method 3, per timed token count: launches, the host's µs per launch, eager's multiple of it,
-    and ``gain explained``: the measured gain over what the removed launches cost (eager time minus
-    piecewise's floor: its device time, or its launches at eager's µs per launch). Empty before."""
+    """Method 3, per timed token count: launches, the host's cost per launch, ``gain explained``."""
     d = _per_token(df)
     w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us", "launch_event_us"
                          ])].pivot_table(index="num_tokens", columns=["variant", "metric"],
@@ -90,8 +86,7 @@ def slowdown_start(speedup: pd.Series) -> Optional[int]:
 
 
 def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
-    """Bytes the copy hand-off adds per prefill: per layer 5 ``tokens × hidden`` bf16 tensors
-    (residual, q, k, v, attention output) written and read back, plus the final output."""
+    """Bytes the copy hand-off adds per prefill: 5 bf16 tensors per layer and the output."""
     p = {**DEFAULT_PARAMS, **params}
     return 2 * int(num_tokens) * int(p["hidden"]) * 2 * (5 * int(p["num_layers"]) + 1)
 
@@ -114,15 +109,12 @@ def trace_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     w = t.pivot_table(index=["num_tokens", "variant"], columns="metric", values="value")
     w.columns = [c.replace("trace_", "") for c in w.columns]
-    return w[[
-        "kernels", "kernel_launches", "graph_launches", "device_us", "span_us", "busy", "copy_ops",
-        "copy_us", "host_us"
-    ]]
+    cols = "kernels kernel_launches graph_launches device_us span_us busy copy_ops copy_us host_us"
+    return w[cols.split()]
 
 
 def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
-    """Per traced token count: piecewise − eager device time, the part of it the extra copies take,
-    and the timed gap (medians), in µs."""
+    """Per traced token count: piecewise − eager device time and the extra copies' part, in µs."""
     tr = trace_table(df)
     if tr.empty:
         return pd.DataFrame()
@@ -146,11 +138,11 @@ def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
         rest = g.iloc[top:]
         if len(rest):
             out.append(
-                pd.DataFrame([{
-                    "label": label, "short": f"({len(rest)} more)", "calls": rest.calls.sum(),
-                    "median_us": float("nan"), "total_us": rest.total_us.sum(),
-                    "share": rest.share.sum()
-                }]))
+                pd.DataFrame([
+                    dict(label=label, short=f"({len(rest)} more)", calls=rest.calls.sum(),
+                         median_us=float("nan"), total_us=rest.total_us.sum(),
+                         share=rest.share.sum())
+                ]))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -222,8 +214,7 @@ def _swept(case) -> bool:
 
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
-    """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
-    'pcg-off' both ran (not the width sweep nor the full-width models: :func:`width_gains`)."""
+    """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` of the captured cases."""
     pcg, wide = engine_stats.texts(df, "pcg"), {sglang.FULL_BENCH.model, sglang.RANK_BENCH.model}
     return {
         k: r
@@ -238,39 +229,30 @@ def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
-    """The launch pass's counts per (model, release, case, tokens): ``kernels`` launched, ``graphs``
-    replayed, their sum ``launches``, the release's decision ``pcg`` and ``cap``, the largest token
-    count it captured (0 where it captured none or did not say); empty for a frame without them."""
+    """The launch pass's counts, ``pcg`` and ``cap`` per (model, release, case, tokens)."""
     if "metric" not in df:
         return pd.DataFrame()
-    rows: dict = {}
-    for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
-                                                                 "graphs")):
-        d = engine_stats.numbers(df, metric)
-        for k, n, v in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
-                           d["value"]):
-            rows.setdefault((*k, int(n)), {"kernels": 0, "graphs": 0})[col] = int(v)
-    if not rows:
+    d = pd.concat(
+        engine_stats.numbers(df, metric).assign(count=col)
+        for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
+                                                                     "graphs")))
+    if d.empty:
         return pd.DataFrame()
-    pcg = engine_stats.texts(df, "pcg")
-    cap = {
-        k: max(map(int, re.findall(r"\d+", str(v))), default=0)
-        for k, v in engine_stats.texts(df, "pcg_tokens").items()
-    }
-    out = pd.DataFrame([{
-        "model": m, "release": rel, "case": case, "tokens": n,
-        **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get(
-            (m, rel, case), ""), "cap": cap.get((m, rel, case), 0)
-    } for (m, rel, case, n), c in sorted(rows.items())])
-    return out.set_index(["model", "release", "case", "tokens"])
+    d = d.assign(tokens=d["input_len"].astype(int), value=d["value"].astype(int))
+    out = d.pivot_table(index=[*engine_records.KEYS, "tokens"], columns="count", values="value",
+                        aggfunc="last", fill_value=0)
+    out = out.reindex(columns=["kernels", "graphs"], fill_value=0).rename_axis(columns=None)
+    variants = [k[:3] for k in out.index]
+    pcg, cap = engine_stats.texts(df, "pcg"), engine_stats.texts(df, "pcg_tokens")
+    return out.assign(
+        launches=out["kernels"] + out["graphs"], pcg=[pcg.get(k, "") for k in variants],
+        cap=[max(map(int, re.findall(r"\d+", str(cap.get(k, "")))), default=0) for k in variants])
 
 
 def _gain(on: tuple, off: tuple) -> dict:
     """Off over on, each ``(value, lo, hi, starts)``; ``lo``–``hi`` the widest the starts allow."""
-    return {
-        "gain": off[0] / on[0], "lo": off[1] / on[2], "hi": off[2] / on[1],
-        "starts": min(on[3], off[3])
-    }
+    return dict(gain=off[0] / on[0], lo=off[1] / on[2], hi=off[2] / on[1],
+                starts=min(on[3], off[3]))
 
 
 def prefill_sides(df: pd.DataFrame) -> dict:
@@ -282,8 +264,7 @@ def prefill_sides(df: pd.DataFrame) -> dict:
 
 
 def width_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """The width sweep (``01-llama-width``): per hidden size and input length, prefill off over
-    captured (:func:`_gain`); rows ``hidden, tokens, gain, lo, hi, starts``."""
+    """The width sweep: per hidden size and input length, prefill off over captured."""
     pcg, arms = engine_stats.texts(df, "pcg"), {}
     for (model, rel, case, n), side in prefill_sides(df).items():
         m = sglang.WIDTH_CASE.match(case)
@@ -304,27 +285,17 @@ KIMI_LAYERS = 61  # Kimi-K2.5's decoder layers (1 dense + 60 MoE)
 
 
 def whole_model(df: pd.DataFrame) -> pd.DataFrame:
-    """An estimate, not a measurement: each full-width prefill step (median of the starts) scaled
-    from the layers it holds to Kimi-K2.5's 61, assuming the step is its layers alike (dense and
-    MoE, embedding and logits folded in), so the step and what piecewise graphs save in it both
-    scale by 61 ÷ layers."""
-    if df.empty or "tool" not in df:
-        return pd.DataFrame()
-    d = engine_stats.numbers(df[df["model"].isin(FULL_WIDTH) & (df["tool"] == "bench")], "prefill")
-    d = d[d.release == sglang.FULL_BENCH.releases[-1]]
-    if d.empty:
-        return pd.DataFrame()
-    t = d.pivot_table(index=["model", "input_len"], columns="case", values="value")
+    """An estimate: each full-width prefill step and its saving scaled by 61 ÷ its layers."""
+    t = _per_case(df[df["tool"] == "bench"], "prefill") if "tool" in df else pd.DataFrame()
+    if t.empty:
+        return t
     scale = t.index.get_level_values("model").map(lambda m: KIMI_LAYERS / layers_of(m))
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "layers run": t.index.get_level_values("model").map(layers_of),
         "off (ms)": t["pcg-off"].round(2), "enforced (ms)": t["enforce"].round(2),
         "61 layers, off (ms, est.)": (t["pcg-off"] * scale).round(0),
         "61 layers, saved (ms, est.)": ((t["pcg-off"] - t["enforce"]) * scale).round(0)
     })
-    out.index = out.index.set_levels(out.index.levels[1].astype(int), level=1)
-    out.index.names = ["model", "prompt tokens"]
-    return out
 
 
 # the full-width scenarios' models on the width figure: hidden size, label
@@ -335,29 +306,24 @@ FULL_WIDTH = {
 
 
 def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """``01-kimi-full-bench`` and ``01-kimi-rank-bench`` read as :func:`width_gains` reads the
-    Llama sweep (enforced over off, the scenarios' release); ``replayed``: whether the launch pass
-    saw the enforced step replay graphs (False beyond the capture cap; None without that pass)."""
+    """The full-width runs read as :func:`width_gains`; ``replayed``: the enforced step's graphs."""
     cols = ["model", "hidden", "label", "tokens", "gain", "lo", "hi", "starts", "replayed"]
     if df.empty or not df["model"].isin(FULL_WIDTH).any():
         return pd.DataFrame(columns=cols)
     df = df[df["model"].isin(FULL_WIDTH) & (df["release"] == sglang.FULL_BENCH.releases[-1])]
     side = {(m, c, n): x for (m, _, c, n), x in prefill_sides(df).items()}
     g = engine_stats.numbers(df, "prefill_graph_launches")
-    graphs = {} if g.empty else {
-        (m, c, int(n)): v
-        for m, c, n, v in zip(g["model"], g["case"], g["input_len"], g["value"])
-    }
+    graphs = {} if g.empty else dict(
+        zip(zip(g["model"], g["case"], g["input_len"].astype(int)), g["value"]))
     rows = []
     for (m, case, n), on in sorted(side.items()):
         off = side.get((m, "pcg-off", n))
         if case != "enforce" or off is None:
             continue
         g = graphs.get((m, case, n))
-        rows.append({
-            "model": m, "hidden": FULL_WIDTH[m][0], "label": FULL_WIDTH[m][1], "tokens": n,
-            **_gain(on, off), "replayed": None if g is None else bool(g > 0)
-        })
+        rows.append(
+            dict(model=m, hidden=FULL_WIDTH[m][0], label=FULL_WIDTH[m][1], tokens=n,
+                 **_gain(on, off), replayed=None if g is None else bool(g > 0)))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -366,27 +332,29 @@ KERNEL_TIMES = (("prefill_gpu_ms", "all kernels"), ("prefill_attention_ms", "att
                 ("prefill_moe_ms", "MoE"))
 
 
+def _per_case(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``metric`` of the full-width models on their scenarios' release (the starts' median) per
+    model and prompt tokens, a column per case."""
+    d = engine_stats.numbers(df[df["model"].isin(FULL_WIDTH)], metric) if not df.empty else df
+    d = d[d.release == sglang.FULL_BENCH.releases[-1]] if not d.empty else d
+    if d.empty:
+        return pd.DataFrame()
+    t = d.pivot_table(index=["model", "input_len"], columns="case", values="value")
+    t.index = t.index.set_levels(t.index.levels[1].astype(int), level=1)
+    t.index.names = ["model", "prompt tokens"]
+    return t
+
+
 def kernel_times(df: pd.DataFrame) -> pd.DataFrame:
-    """Per full-width model and prompt tokens, the GPU time of one prefill step's kernels (the
-    launch pass: kernel durations under the profiler, not the step's wall time), all of them and
-    per family, with piecewise graphs off and enforced, and enforced ÷ off."""
-    df = df[df["model"].isin(FULL_WIDTH)] if not df.empty else df
+    """Per full-width model and prompt tokens, one prefill step's kernel time, off and enforced."""
     parts = []
     for metric, name in KERNEL_TIMES:
-        d = engine_stats.numbers(df, metric) if not df.empty else pd.DataFrame()
-        if d.empty:
-            continue
-        t = d[d.release == sglang.FULL_BENCH.releases[-1]].pivot_table(
-            index=["model", "input_len"], columns="case", values="value")
+        t = _per_case(df, metric)
         if {"enforce", "pcg-off"} <= set(t.columns):
+            off, on = t["pcg-off"], t["enforce"]
             parts.append(
                 pd.DataFrame({
-                    f"{name}, off (ms)": t["pcg-off"], f"{name}, enforced (ms)": t["enforce"],
-                    f"{name}, enforced ÷ off": t["enforce"] / t["pcg-off"]
+                    f"{name}, off (ms)": off, f"{name}, enforced (ms)": on,
+                    f"{name}, enforced ÷ off": on / off
                 }))
-    if not parts:
-        return pd.DataFrame()
-    out = pd.concat(parts, axis=1)
-    out.index = out.index.set_levels(out.index.levels[1].astype(int), level=1)
-    out.index.names = ["model", "prompt tokens"]
-    return out
+    return pd.concat(parts, axis=1) if parts else pd.DataFrame()
