@@ -48,12 +48,12 @@ def _refused(run):
     raw, accepted, refused = _probe_sizes(run), _probe_sizes(run, "ok"), sorted(f["refused_sizes"])
     want = [n for n in raw if n % w]
     scaled = run.manifest.params.get("sizes", "scaled") == "scaled"
+    value = dict(refused=_join(refused), n_refused=len(refused), n_accepted=len(accepted),
+                 sizes=len(raw), list=SCALED if scaled else "the default list")
     return holds(
         refused == want and accepted == [n for n in raw if n % w == 0],
-        f"refused {_join(refused)} of {len(raw)} sizes at W={w}", {
-            "refused": _join(refused), "n_refused": len(refused), "n_accepted": len(accepted),
-            "sizes": len(raw), "list": SCALED if scaled else "the default list"
-        }, why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused "
+        f"refused {_join(refused)} of {len(raw)} sizes at W={w}", value,
+        why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused "
         f"= {_join(want)}")
 
 
@@ -70,21 +70,20 @@ def _stops_first_bad(run):
     ok = (f["before_stopped_at"] == n and f["before_stage"] == stage
           and err.startswith("UnequalShards") and f["before_captured"] == len(captured)
           and f["before_captured"] + 1 + not_reached == len(raw))
+    value = dict(stopped_at=f["before_stopped_at"], stage=f["before_stage"],
+                 captured=f["before_captured"])
     return holds(
         ok, f"stopped at {f['before_stopped_at']} ({f['before_stage']}), "
-        f"{err.split(':')[0]}; {f['before_captured']} captured before it", {
-            "stopped_at": f["before_stopped_at"], "stage": f["before_stage"],
-            "captured": f["before_captured"]
-        }, why_not=f"expected a stop at {n} ({stage}) with UnequalShards after "
+        f"{err.split(':')[0]}; {f['before_captured']} captured before it", value,
+        why_not=f"expected a stop at {n} ({stage}) with UnequalShards after "
         f"{len(captured)} captures")
 
 
 def _has_bad(run) -> str | None:
     w = _w(run)
-    if all(n % w == 0 for n in _lists(run)["before"]):
-        return (f"no raw size is indivisible by W={w} here "
-                f"(sizes={run.manifest.params.get('sizes')!r}): nothing to stop at")
-    return None
+    return None if any(n % w for n in _lists(run)["before"]) else (
+        f"no raw size is indivisible by W={w} here (sizes={run.manifest.params.get('sizes')!r}): "
+        "nothing to stop at")
 
 
 def _replays(variant: str):
@@ -124,12 +123,10 @@ def _cpu_tp8(run):
 def _cpu_mul_base(run):
     tp, cp, d = 4, 6, fx.default_piecewise_capture_sizes(2048)
     base, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
-    return holds(
-        (base, lcm) == (24, 12), f"computed: mul_base {base}, lcm {lcm}", {
-            "mul_base": base, "lcm": lcm, "tp": tp, "cp": cp, "kept": sum(n % base == 0 for n in d),
-            "kept_lcm": sum(n % lcm == 0 for n in d), "cp_divides": 2,
-            "base_cp_divides": fx.piecewise_mul_base(tp, 2), "product": fx.comment_base(tp, 2)
-        })
+    return holds((base, lcm) == (24, 12), f"computed: mul_base {base}, lcm {lcm}",
+                 dict(mul_base=base, lcm=lcm, tp=tp, cp=cp, kept=sum(n % base == 0 for n in d),
+                      kept_lcm=sum(n % lcm == 0 for n in d), cp_divides=2,
+                      base_cp_divides=fx.piecewise_mul_base(tp, 2), product=fx.comment_base(tp, 2)))
 
 
 def _traced(run) -> str | None:
@@ -311,13 +308,13 @@ def _engine_filter(run):
     asked, captured = _join(f0.get("asked", [])), _join(f0.get("captured") or [])
     each = "; ".join(
         f"{_join(f['asked'])} → {_join(f['captured'] or [])} at TP {f['attn_tp']}" for f in facts)
+    value = dict(release=f0.get("release"), asked=asked, captured=captured,
+                 rebuild=_join(want.get(f0.get("release"), [])), tps=_tps(facts), each=each)
     return holds(
         not bad, f"{f0.get('release')} asked {asked} at attention TP {f0.get('attn_tp')}: captured "
-        f"{captured}", {
-            "release": f0.get("release"), "asked": asked, "captured": captured, "rebuild": _join(
-                want.get(f0.get("release"), [])), "tps": _tps(facts), "each": each
-        }, why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured {f['captured']}, "
-                             f"the rebuild's filter keeps {want[f['release']]}" for f in bad))
+        f"{captured}", value, why_not="; ".join(
+            f"{f['release']}: {f['status'][:80]}, captured {f['captured']}, the rebuild's filter "
+            f"keeps {want[f['release']]}" for f in bad))
 
 
 _F = "engine_capture_sizes.unfiltered_release_fails"

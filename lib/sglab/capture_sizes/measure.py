@@ -28,11 +28,9 @@ GPUS = 2
 # world_size: the attention-TP group (a GPU each); sizes: "scaled" (default list x world_size/8: the
 # tp-8 failures) or "default"; backend "gloo": the same on the CPU, no graphs; start_method
 # "forkserver": ranks fork from a server that imported torch once, "spawn": a fresh interpreter
-DEFAULT_PARAMS = {
-    "world_size": 2, "sizes": "scaled", "max_tokens": 2048, "hidden": 1024, "dtype": "bfloat16",
-    "seed": 0, "backend": "nccl", "timeout_s": 420, "collective_timeout_s": 60, "profile": True,
-    "start_method": "forkserver"
-}
+DEFAULT_PARAMS = dict(world_size=2, sizes="scaled", max_tokens=2048, hidden=1024, dtype="bfloat16",
+                      seed=0, backend="nccl", timeout_s=420, collective_timeout_s=60, profile=True,
+                      start_method="forkserver")
 FORKSERVER_PRELOAD = ("torch", "sglab.capture_sizes.measure")
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
 TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums)
@@ -50,8 +48,7 @@ def gpus(params: dict) -> int:
 
 # -- size lists ------------------------------------------------------------------------------------
 def raw_sizes(world_size: int, sizes: str = "scaled", max_tokens: int = 2048) -> list[int]:
-    """The default list, or (``scaled``, where ``world_size`` divides 8) the default list scaled by
-    ``world_size / 8``: exactly the sizes that break at TP 8 break at ``world_size``."""
+    """The default list, or (``scaled``, ``world_size`` dividing 8) it times ``world_size / 8``."""
     if sizes not in ("scaled", "default"):
         raise ValueError(f"sizes must be 'scaled' or 'default', got {sizes!r}")
     default = fx.default_piecewise_capture_sizes(max_tokens)
@@ -82,14 +79,6 @@ def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
 
 
 # -- one rank's work -------------------------------------------------------------------------------
-def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device):
-    g = torch.Generator(device=device).manual_seed(
-        (((seed * 131 + rank) * 65537 + b) * 8191 + t) % (2**31))
-    # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and all-reduce
-    # agree bitwise; drawn on the device (on the host that was most of the check's time)
-    return torch.randint(-3, 4, (t, hidden), generator=g, device=device).to(dtype=dtype)
-
-
 class RankWork:
     """One rank's side of the boundary: a piecewise runner's static buffers, the rows it reports."""
 
@@ -147,8 +136,7 @@ class RankWork:
 
     def capture_all(self, variant: str, sizes: list[int], *, record: bool = True,
                     traced: bool = False, keep_going: bool = False) -> dict:
-        """The runner's loop (:func:`loop_order`), stopped by the first size with unequal shards
-        unless ``keep_going``; ``record``: rows; ``traced``: a profiler range per size."""
+        """The runner's loop (:func:`loop_order`), stopped by a refusal unless ``keep_going``."""
         graphs: dict = {}
         pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         phase = trace.phase if traced else (lambda name: contextlib.nullcontext())
@@ -177,16 +165,20 @@ class RankWork:
         return graphs
 
     def replay_check(self, variant: str, graphs: dict) -> None:
-        """Replay each bucket with real token counts padded to it against an eager all-reduce
-        reference (no barrier between replays: the collectives pair up in issue order)."""
+        """Replay each bucket with real token counts padded to it against an eager all-reduce."""
         for b, ts in replay_token_counts(sorted(graphs)).items():
             worst, ok = 0.0, True
             for t in ts:
-                x = _real_rows(self.seed, self.rank, b, t, self.hidden, self.dtype, self.dev)
+                g = torch.Generator(device=self.dev).manual_seed(
+                    (((self.seed * 131 + self.rank) * 65537 + b) * 8191 + t) % (2**31))
+                # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and
+                # all-reduce agree bitwise; drawn on the device (the host took most of the time)
+                x = torch.randint(-3, 4, (t, self.hidden), generator=g,
+                                  device=self.dev).to(self.dtype)
                 self.static_in[:t].copy_(x)
                 self.static_in[t:b].zero_()
                 graphs[b].replay() if self.use_graphs else self.boundary(b)
-                self.sync(barrier=False)
+                self.sync(barrier=False)  # the collectives pair up in issue order
                 got, ref = self.static_out[:t].clone(), x.clone()
                 tdist.all_reduce(ref, group=self.ctx.group)
                 ref = fx.dense_tp1_stand_in(ref, self.weight)
@@ -198,12 +190,11 @@ class RankWork:
             self.row(variant, b, "replay_checks", len(ts))
 
     def probe(self, variant: str, sizes: list[int]) -> None:
-        """Each size eager, without the shard check: the collective's own answer (safe: with
-        unequal shards torch's size check fails on every rank before NCCL is called)."""
+        """Each size eager, without the shard check: the collective's own answer."""
         for n in sizes:
             self.sync()
             try:
-                self.boundary(n, check=False)
+                self.boundary(n, check=False)  # torch's size check fails before NCCL is called
                 self.sync()
                 self.row(variant, n, "ok", 1)
             except Exception as e:  # noqa: BLE001 - the collective's complaint is the measurement
@@ -220,8 +211,7 @@ class RankWork:
 
 # -- the traced pass: the capture loop once more under torch.profiler, before and after the filter -
 def traced_pass(work: RankWork, *, perfetto=None):
-    """The loops of :data:`TRACED` under one :class:`sglab.core.trace.Recorder` (``before`` goes on
-    after a refusal, so every refused size shows); this rank's reduced events."""
+    """The :data:`TRACED` loops under one profiler (``before`` goes on after refusals); events."""
     with contextlib.ExitStack() as stack:
         with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one
             rec = stack.enter_context(
@@ -239,8 +229,7 @@ def traced_pass(work: RankWork, *, perfetto=None):
 
 
 def reduce_events(ev, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
-    """Phase ranges, collective calls, device activity and graph-capture calls, tagged with their
-    variant and ``rank``, times from each variant's start (:data:`EVENT_COLUMNS`)."""
+    """Ranges, collectives, device work and capture calls per variant (:data:`EVENT_COLUMNS`)."""
     device_lane = ev.lane.str.startswith("stream") | (ev.lane == "device")
     names = ev.name.str.replace(trace.PHASE_PREFIX, "", regex=False)
     is_range = (ev.category == "range") & ev.name.str.startswith(trace.PHASE_PREFIX)
@@ -287,10 +276,8 @@ def _rank_main(ctx, params: dict, trace_dir: str | None, launched_at: float) -> 
                         if ctx.rank == 0 else None)
             events = traced_pass(work, perfetto=perfetto)
     work.close()
-    return {
-        "rows": work.rows, "phases": phases.take(), "events": events,
-        "trace": str(perfetto) if perfetto else None
-    }
+    return dict(rows=work.rows, phases=phases.take(), events=events,
+                trace=str(perfetto) if perfetto else None)
 
 
 def _merge(per_rank: list[list[dict]]) -> list[dict]:
@@ -311,8 +298,7 @@ def _merge(per_rank: list[list[dict]]) -> list[dict]:
 
 
 def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
-    """Measure on ``world_size`` ranks: the tidy rows, plus the traced pass's ``events`` (every
-    rank) and rank 0's Perfetto ``trace`` when ``profile`` is on."""
+    """Measure on ``world_size`` ranks: rows, and with ``profile`` the ``events`` and ``trace``."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     w = int(p["world_size"])
     if w < 2:

@@ -43,8 +43,7 @@ ASSUMED = {"mla": True, "gpu_mem_gb": 141.0, "max_running_requests": 4096, "mode
 
 
 def model_config(model: str) -> Path:
-    """The config file ``model`` names: a JSON file, or a folder's ``config.json`` (relative: the
-    working folder's where it is there, else the checkout's); a one-line ValueError otherwise."""
+    """The config file ``model`` names (a JSON file, a folder's ``config.json``), or ValueError."""
     path = Path(model)
     if not path.is_absolute():
         path = path.resolve() if path.exists() else repo_root() / path
@@ -102,10 +101,8 @@ def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
     pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
     cg = _module(prepared, "model_executor.cuda_graph_runner")
     tp, cp = _attn_widths(prepared, sa)
-    names = {
-        "get_attention_tp_size": lambda: tp, "get_attention_tp_rank": lambda: 0,
-        "log_info_on_rank0": lambda *a, **k: (_ for _ in ()).throw(Stop())
-    }
+    names = dict(get_attention_tp_size=lambda: tp, get_attention_tp_rank=lambda: 0,
+                 log_info_on_rank0=lambda *a, **k: (_ for _ in ()).throw(Stop()))
     if hasattr(pw, "get_attention_cp_size"):
         names["get_attention_cp_size"] = lambda: cp
     with patched(pw, **names), patched(cg, get_attention_tp_size=lambda: tp,
@@ -159,8 +156,7 @@ def _publish_fields(prepared, sa):
 
 def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
                  resolved: bool = False) -> tuple[list, list]:
-    """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``: a
-    stand-in, or (``resolved``) the release's own resolved, published ``ServerArgs``."""
+    """(piecewise, decode) sizes the release's runners capture for ``sa``."""
     if has_file(prepared, PIECEWISE_RUNNER):
         return _sizes_pr_era(prepared, sa, pool_size)
     if not has_file(prepared, PUBLISHED):
@@ -173,8 +169,7 @@ def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
 
 
 def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
-    """A stand-in ``ServerArgs``: the release's defaults, the setting, the configured lists (also as
-    ``cuda_graph_config`` for the unified runners)."""
+    """A stand-in ``ServerArgs``: the release's defaults, the setting and the configured lists."""
     fields = dict(defaults)
     fields.update(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False,
                   moe_dense_tp_size=None, enable_dp_lm_head=False, moe_a2a_backend="none",
@@ -204,8 +199,7 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
 
 
 def setting_rows(prepared, params: dict) -> list[dict]:
-    """Rows ``setting, metric, value`` (``piecewise``, ``decode`` or ``error``) per setting, and the
-    release's own default piecewise list as setting ``defaults``."""
+    """Rows ``setting, metric, value`` per setting; the release's default list as ``defaults``."""
     gen = generated_defaults(prepared, int(params.get("max_tokens", 2048)))
     rows = [dict(setting="defaults", metric="generated_piecewise", value=gen)]
     cls = _module(prepared, "server_args").ServerArgs  # its fields' defaults (a dataclass)
@@ -239,44 +233,31 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgError(f"{self.prog}: error: {message}")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if isinstance(exc, _ArgError):
-        return text
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else f"{name} (SGLang's check gives no message)"
-
-
 PLATFORM_CHECKS = ("is_hip", "is_npu", "is_cpu", "is_mps", "is_xpu")  # False: a CUDA host
 RULE_COMMENT = re.compile(r"^\s*#\s*\d+[a-z]?\.\s*(.+?)\s*$")
 # a line of the release's configuration code that turns one phase's CUDA graph off
-_OFF = {
-    "prefill": re.compile(r"disable_piecewise_cuda_graph = True|(?i:prefill)[^=!\n]*?"
-                          r"(?:backend\s*=|['\"]backend['\"]\s*,)\s*Backend\.DISABLED"),
-    "decode": re.compile(r"(?i)decode[^=!\n]*?(?:backend\s*=|['\"]backend['\"]\s*,)\s*"
-                         r"Backend\.DISABLED")
-}
+_OFF = dict(
+    prefill=re.compile(r"disable_piecewise_cuda_graph = True|(?i:prefill)[^=!\n]*?"
+                       r"(?:backend\s*=|['\"]backend['\"]\s*,)\s*Backend\.DISABLED"),
+    decode=re.compile(r"(?i)decode[^=!\n]*?(?:backend\s*=|['\"]backend['\"]\s*,)\s*"
+                      r"Backend\.DISABLED"))
 
 
 def _rule(frame) -> str | None:
-    """The release's own name of the rule at ``frame``'s line: a local ``name`` / ``_name`` of its
-    rule loop, or the ``# N. reason`` comment above it (PR-era ``_handle_piecewise_cuda_graph``)."""
+    """The release's name for the rule at ``frame``'s line (loop ``name``, a ``# N.`` comment)."""
     rule = frame.f_locals.get("name", frame.f_locals.get("_name"))
     if isinstance(rule, str):
         return rule
     said, code = _comment_above(frame.f_locals.get("predicate")), frame.f_code
     if said:
         return said
-    for n in range(frame.f_lineno, code.co_firstlineno - 1, -1):
-        m = RULE_COMMENT.match(linecache.getline(code.co_filename, n))
-        if m:
-            return m.group(1)
-    return None
+    lines = (linecache.getline(code.co_filename, n)
+             for n in range(frame.f_lineno, code.co_firstlineno - 1, -1))
+    return next((m.group(1) for m in map(RULE_COMMENT.match, lines) if m), None)
 
 
 def _comment_above(predicate) -> str | None:
-    """A rule without a name in the release's rule list (0.5.2x's ``(None, lambda: ...)``, whose
-    warning comes later): the first sentence of the comment above its entry."""
+    """A nameless rule's (0.5.2x ``(None, lambda: ...)``) first sentence of the comment above it."""
     code = getattr(predicate, "__code__", None)
     if code is None:
         return None
@@ -292,8 +273,7 @@ def _comment_above(predicate) -> str | None:
 
 @contextlib.contextmanager
 def _switched_off():
-    """Every line of ``server_args.py`` and ``arg_groups/`` run in the block that turns a phase's
-    CUDA graph off: ``(phase, function, rule)`` (:func:`_rule`)."""
+    """``(phase, function, rule)`` of each ServerArgs line run that turns a phase's graph off."""
     hits: list = []
 
     def lines(frame, event, arg):
@@ -317,8 +297,7 @@ def _switched_off():
 
 @contextlib.contextmanager
 def _cuda_host(prepared, gpu_mem_gb: float):
-    """As on a CUDA host with ``gpu_mem_gb`` per GPU: SGLang's GPU-memory query answers that, and
-    the prefill graph's default backend is the one it picks on CUDA (0.5.2x asks ``is_cuda()``)."""
+    """As on a CUDA host with ``gpu_mem_gb`` per GPU (the memory query, the prefill backend)."""
     real_query = _module(prepared, "utils.common").get_device_memory_capacity
 
     def query(*args, **kwargs):
@@ -349,8 +328,7 @@ def _cuda_host(prepared, gpu_mem_gb: float):
 
 @contextlib.contextmanager
 def model_dir(model: str):
-    """A folder holding the model's config as ``config.json``: the file's own folder, or a temporary
-    one with a copy, removed on leaving; an error raised inside names the user's file."""
+    """A folder with the model's config as ``config.json`` (a temporary copy where it is not)."""
     path = model_config(model)
     if path.name == "config.json":
         yield str(path.parent)
@@ -380,10 +358,7 @@ def _call(fn, sa):
 
 
 def configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
-    """Server arguments, read by the release's own parser -> the capture lists its runners keep
-    after start-up and the facts that decided them (up to 0.5.13 the deciding steps, the model
-    assumed; from 0.5.14 the whole resolution on the model config ``p["model"]``, its folder
-    entered with ``model_folder``)."""
+    """Server arguments, parsed by the release -> the capture lists its runners keep, and why."""
     sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
     parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
     sa_mod.ServerArgs.add_cli_args(parser)
@@ -455,8 +430,7 @@ def configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
 
 
 def case_rows(prepared, params: dict) -> list[dict]:
-    """Rows ``case, metric, value`` per server-argument case: the facts of :func:`configure`, or one
-    ``error`` row with SGLang's own one-line message."""
+    """Rows ``case, metric, value`` per case: :func:`configure`'s facts, or SGLang's error."""
     p = {**ASSUMED, **{k: params[k] for k in ASSUMED if k in params}}
     rows = []
     for name, argv in params["cases"].items():
@@ -464,6 +438,10 @@ def case_rows(prepared, params: dict) -> list[dict]:
             with contextlib.ExitStack() as stack:
                 facts = configure(prepared, list(argv), p, stack.enter_context)
         except (_ArgError, AssertionError, ValueError, TypeError, RuntimeError) as exc:
-            facts = {"error": _one_line(exc)}
+            text, kind = " ".join(str(exc).split()), type(exc).__name__
+            facts = {
+                "error": text if isinstance(exc, _ArgError) else
+                f"{kind}: {text}" if text else f"{kind} (SGLang's check gives no message)"
+            }
         rows += [{"case": name, "metric": k, "value": v} for k, v in facts.items()]
     return rows

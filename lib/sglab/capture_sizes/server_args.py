@@ -35,8 +35,7 @@ def releases_by_state() -> dict[str, str]:
 
 def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
                max_tokens: int = fx.MLA_MAX_TOKENS):
-    """Per rule (its releases read from the wheels), the default piecewise sizes it captures at
-    attention TP x CP (no DP attention), and which of them the reduce-scatter refuses."""
+    """Per rule and its releases: the default piecewise sizes at attention TP x CP, the refused."""
     tp, cp, g, tbo = sglang.widths(
         dict(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
              moe_dense_tp_size=1 if dense_tp1 else None, enable_two_batch_overlap=bool(tbo)))
@@ -73,8 +72,7 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
 
 
 def your_setup(interactive: bool = False):
-    """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
-    refused ones (a static table; with ``interactive``, controls in JupyterLab)."""
+    """Attention TP, CP, dense TP 1 and two-batch overlap -> :func:`rule_table`."""
     controls = dict(attn_tp=list(range(1, 9)), attn_cp=[1, 2, 3, 4], dense_tp1=[True, False],
                     tbo=[False, True])
     static = [
@@ -92,8 +90,7 @@ FAILED = ("error", "unsupported", "not-run", "probe-error")
 
 
 def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
-    """The rebuild's rules on the list the release configured: #23972's filter (decode: the
-    runner's own rule) and the 0.5.22+ round-up."""
+    """The rebuild's rules on a configured list: #23972's filter (decode: its own), the round-up."""
     tp, cp, g = f["attn_tp_size"], f["attn_cp_size"], f["gathered_buffer"]
     tbo = f["enable_two_batch_overlap"]
     align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
@@ -110,9 +107,7 @@ def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
 
 
 def sizes_table(rows, case: str = "args"):
-    """One row per release x list (``piecewise`` / ``decode``): what the release captures (or why
-    the list is off), the captured sizes the reduce-scatter refuses and the rebuild's rules; or one
-    row per release that did not answer (``status`` one of :data:`FAILED`, why in ``note``)."""
+    """A row per release x list: captured, refused, the rebuild's rules; or why no answer came."""
     out = []
     for release, d in rows[rows.case == case].groupby("release", sort=False):
         f = dict(zip(d.metric, d.value))
@@ -124,14 +119,13 @@ def sizes_table(rows, case: str = "args"):
             off = f.get(f"{kind}_off")
             captured = [] if off else list(f[kind])
             tp, g = f["attn_tp_size"], f["gathered_buffer"]
-            row = dict(release=release, list=kind, status="off" if off else "captured", note=off
-                       or "", attn_tp=tp, attn_cp=f["attn_cp_size"], gathered=g,
-                       two_batch_overlap=f["enable_two_batch_overlap"],
-                       configured=list(f[f"configured_{kind}"]), captured=captured, refused=[
-                           n for n in captured if g and n % tp != 0
-                       ])
-            rules = dict.fromkeys(REBUILD_COLUMNS) if off else _rebuild(kind, row["configured"], f)
-            out.append({**row, **rules})
+            configured = list(f[f"configured_{kind}"])
+            rules = dict.fromkeys(REBUILD_COLUMNS) if off else _rebuild(kind, configured, f)
+            out.append(
+                dict(release=release, list=kind, status="off" if off else "captured", note=off
+                     or "", attn_tp=tp, attn_cp=f["attn_cp_size"], gathered=g,
+                     two_batch_overlap=f["enable_two_batch_overlap"], configured=configured,
+                     captured=captured, refused=[n for n in captured if g and n % tp], **rules))
     return pd.DataFrame(out, dtype=object)
 
 
@@ -199,8 +193,7 @@ def notes(table) -> list[str]:
                     f"the PR's filter to {r.filter_base}; ")
             gap = [n for n in r.filter_keeps if n % a]
             if gap:
-                what = "size that is not a multiple" if len(
-                    gap) == 1 else "sizes that are not multiples"
+                what = "sizes that are not multiples" if gap[1:] else "size that is not a multiple"
                 return [head + f"it keeps {len(gap)} {what} of {a} ({_few(gap)})"]
             agree = agree or [
                 head + f"on this list they agree: every size the filter keeps is a multiple of {a}"

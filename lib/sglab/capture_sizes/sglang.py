@@ -72,8 +72,7 @@ def _rounds_up(read, tree, values) -> str | None:
 
 
 def check(read) -> Verdict:
-    """The state of #23972 in one SGLang: the PR-era piecewise runner, or the unified prefill
-    runner that replaced it (filtering, rounding up, or neither)."""
+    """The state of #23972 in one SGLang: the PR-era piecewise runner or the prefill runner."""
     src, tree = S.parsed(read, PIECEWISE_RUNNER)
     if src is not None:
         init = S.find(tree, "PiecewiseCudaGraphRunner.__init__")
@@ -111,8 +110,7 @@ def check(read) -> Verdict:
 
 # -- the probe (its code in the release's worker process: release_probe.py) ------------------------
 def probe(prepared, params: dict) -> list[dict]:
-    """The release's answers (in its worker process, :mod:`.release_probe`): rows per setting for
-    the configured lists, rows per case of ``params["cases"]`` ({name: argv})."""
+    """The release's rows (in its worker, :mod:`.release_probe`): per setting and per case."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
         why = f"sglang {prepared.release} has no piecewise or prefill CUDA-graph runner"
         return [dict(case=c, metric="unsupported", value=why) for c in params.get("cases", {})]
@@ -129,8 +127,7 @@ def params() -> dict:
 
 # -- the real engine (`sglab engine --scenario NAME`): data/recorded/engine_capture_sizes/
 def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
-    """`--moe-dense-tp-size 1` at attention TP ``tp`` with piecewise capture ``sizes`` and decode
-    graphs up to batch 8 (0.5.2x: the renamed capture-size flags)."""
+    """`--moe-dense-tp-size 1` at TP ``tp``, piecewise ``sizes``, decode graphs up to batch 8."""
     sizes_flag, max_bs = (("--cuda-graph-bs-prefill", "--cuda-graph-max-bs-decode") if renamed else
                           ("--piecewise-cuda-graph-tokens", "--cuda-graph-max-bs"))
     return ("--tp-size", str(tp), "--moe-dense-tp-size", "1", sizes_flag, *map(str, sizes), max_bs,
@@ -225,10 +222,8 @@ def describe(sizes, configured: list) -> str:
     """A list as what it changed against ``configured``: ``n sizes``, what it drops and adds."""
     if isinstance(sizes, str):
         return sizes
-    changed = {
-        "drops": [n for n in configured if n not in sizes],
-        "adds": [n for n in sizes if n not in configured]
-    }
+    changed = dict(drops=[n for n in configured if n not in sizes],
+                   adds=[n for n in sizes if n not in configured])
     said = [f", {w} {ns[:6]}{'…' if len(ns) > 6 else ''}" for w, ns in changed.items() if ns]
     return f"{len(sizes)} sizes" + ("".join(said) or ", as configured")
 
@@ -264,8 +259,7 @@ def defaults_line(results: dict) -> str:
 
 
 def compare() -> None:
-    """The notebook's real-SGLang section: each release's piecewise list per setting, checked
-    against its rule (decode lists too), then its default list beside the rebuilt one."""
+    """The notebook's real-SGLang section: each release's lists against its rule, its defaults."""
     from sglab.core.notebook import show_table
 
     results = real.answers(FIX)
@@ -288,15 +282,13 @@ MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser
 
 
 def probe_call(cases: dict[str, list[str]], releases, **assumed) -> tuple[str, dict, list[str]]:
-    """``(probe, params, releases)`` of :func:`ask`: ``--model-path`` put first in every argument
-    list (a later one of the user's parses, and is replaced by the model config)."""
+    """``(probe, params, releases)`` of :func:`ask`, ``--model-path`` first (a later one wins)."""
     cases = {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()}
     return FIX.probe.fn, {"cases": cases, **ASSUMED, **assumed}, list(releases)
 
 
 def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progress=None, **assumed):
-    """Rows ``release, case, metric, value`` from each release (a ``not-run`` / ``probe-error`` row
-    where a release could not answer); ``assumed``: the keys of :data:`ASSUMED`."""
+    """Rows ``release, case, metric, value`` per release (or ``not-run`` / ``probe-error``)."""
     probe_fn, p, releases = probe_call(cases, releases, **assumed)
     frames = []
     for v, r in run_probes(releases, probe_fn, p, timeout=timeout, progress=progress).items():

@@ -39,15 +39,14 @@ def summary(df):
         first = failed.iloc[0] if len(failed) else {}
         stage, errs = first.get("stage", ""), g.value[g.metric == "replay_max_abs_err"]
         bad = [int(x) for x in failed["size"]]
-        out.append({
-            "variant": variant, "world_size": int(w), "sizes": int(
-                g["size"].nunique()), "captured_or_ok": n["captured"] + n["ok"], "failed": len(bad),
-            "failed_sizes": bad, "first_failure": bad[0] if bad else None,
-            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n["not_reached"],
-            "replayed_ok": n["replay_ok"], "replay_checks": n["replay_checks"],
-            "worst_replay_err": float(errs.max()) if len(errs) else None, "error": first.get(
-                "error", "")
-        })
+        out.append(
+            dict(variant=variant, world_size=int(w), sizes=int(
+                g["size"].nunique()), captured_or_ok=n["captured"] + n["ok"], failed=len(bad),
+                 failed_sizes=bad, first_failure=bad[0] if bad else None,
+                 failed_at="" if pd.isna(stage) else str(stage), not_reached=n["not_reached"],
+                 replayed_ok=n["replay_ok"], replay_checks=n["replay_checks"],
+                 worst_replay_err=float(errs.max()) if len(errs) else None, error=first.get(
+                     "error", "")))
     out = pd.DataFrame(out)
     if len(out):
         rank = {v: i for i, v in enumerate(VARIANTS)}
@@ -73,13 +72,12 @@ def run_facts(run) -> dict:
 def _run_facts(run) -> dict:
     s = summary(run.df).set_index("variant")
     before, probe = s.loc["before"], s.loc["before_probe"]
-    facts = {
-        "world_size": int(run.manifest.params["world_size"]), "raw_sizes": int(before.sizes),
-        "before_captured": int(before.captured_or_ok),
-        "before_stopped_at": None if pd.isna(before.first_failure) else int(before.first_failure),
-        "before_stage": before.failed_at, "refused_sizes": list(probe.failed_sizes),
-        "refused_error": probe.error
-    }
+    facts = dict(
+        world_size=int(run.manifest.params["world_size"]), raw_sizes=int(before.sizes),
+        before_captured=int(before.captured_or_ok),
+        before_stopped_at=None if pd.isna(before.first_failure) else int(before.first_failure),
+        before_stage=before.failed_at, refused_sizes=list(probe.failed_sizes),
+        refused_error=probe.error)
     for v in ("pr_filter", "round_up"):
         r = s.loc[v]
         facts.update({
@@ -91,15 +89,13 @@ def _run_facts(run) -> dict:
 
 
 def size_status(df):
-    """One status per (variant, size)."""
-    out = []
-    for (v, n), g in df.groupby(["variant", "size"]):
-        m = dict(zip(g.metric, g.value))
-        s = next((st for key, st in (("failed", "failed"), ("not_reached", "not reached"),
-                                     ("replay_ok", "captured + replayed"), ("captured", "captured"),
-                                     ("ok", "ok (eager)")) if m.get(key)), "?")
-        out.append({"variant": v, "size": int(n), "status": s})
-    return pd.DataFrame(out)
+    """One status per (variant, size): the first of its metrics that holds, in this order."""
+    said = dict(failed="failed", not_reached="not reached", replay_ok="captured + replayed",
+                captured="captured", ok="ok (eager)")
+    held = df.groupby(["variant", "size", "metric"]).value.last().unstack()
+    held = held.reindex(columns=list(said)).fillna(0).astype(bool)
+    status = held.idxmax(axis=1).map(said).where(held.any(axis=1), "?")
+    return status.rename("status").reset_index().astype({"size": int})
 
 
 def describe_run(run) -> str:
@@ -115,18 +111,14 @@ def describe_run(run) -> str:
 
 
 _SIZE_RANGE = re.compile(r"^phase::(warmup|capture|refused) (\d+)$")
+RANGE_COLUMNS = ("rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
+                 "nccl_kernels", "kernels", "start_us", "dur_us")
 
 
 def capture_ranges(events):
-    """One row per traced ``warmup n`` / ``capture n`` range, per rank and variant: whether a
-    ``refused n`` mark lies inside it, the collective calls the host issued in it and the kernels
-    that ran in it (placed by time: each range ends with a synchronisation)."""
-    cols = [
-        "rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
-        "nccl_kernels", "kernels", "start_us", "dur_us"
-    ]
+    """Per traced ``warmup n`` / ``capture n`` range: refused or not, collectives, kernels."""
     if events is None or not len(events):
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=list(RANGE_COLUMNS))
     host = ~(events.lane.str.startswith("stream") | (events.lane == "device"))
     rows = []
     for (rank, variant), ev in events.groupby(["rank", "variant"], sort=True):
@@ -145,8 +137,8 @@ def capture_ranges(events):
             counts = [int((inside & x).sum()) for x in (rs, ag, nccl, kern)]
             size, dur = int(parsed.iloc[i].group(2)), float(end[i] - start[i])
             rows.append((int(rank), variant, kind[i], size, refused, *counts, float(start[i]), dur))
-    return pd.DataFrame(rows, columns=cols).sort_values(["rank", "variant", "start_us"]) \
-        .reset_index(drop=True)
+    out = pd.DataFrame(rows, columns=list(RANGE_COLUMNS))
+    return out.sort_values(["rank", "variant", "start_us"]).reset_index(drop=True)
 
 
 def trace_summary(events):
@@ -158,8 +150,7 @@ def trace_summary(events):
     g = cr.groupby(["rank", "variant", "kind"], sort=True)
     out = g.size().rename("ranges").to_frame()
     for col in ("reduce_scatters", "all_gathers", "nccl_kernels", "kernels"):
-        out[col] = g[col].agg(lambda x: f"{x.min()}"
-                              if x.min() == x.max() else f"{x.min()}–{x.max()}")
+        out[col] = g[col].agg(text.count)
     return out.reset_index()
 
 
@@ -170,15 +161,12 @@ def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     i = np.searchsorted(bs, t)  # each count's smallest bucket at or above it
     t = t[i < len(bs)]  # the counts a bucket covers (a prefix: i only grows)
     real_, pad = int(t.sum()), int((bs[i[:len(t)]] - t).sum())
-    return {
-        "covered": len(t), "eager": max_tokens - len(t), "pad_tokens": pad,
-        "pad_frac": pad / real_ if real_ else float("nan")
-    }
+    return dict(covered=len(t), eager=max_tokens - len(t), pad_tokens=pad,
+                pad_frac=pad / real_ if real_ else float("nan"))
 
 
 def alignment_table(max_tokens: int = 2048):
-    """For attention TP 1-8 x CP 1-4 x two-batch overlap: the bases, the buckets each policy keeps
-    of the default list and their padding (``eager_*``: token counts above the largest bucket)."""
+    """Per attention TP 1-8 x CP 1-4 x overlap: each policy's bases, buckets and padding."""
     default, out = fx.default_piecewise_capture_sizes(max_tokens), []
     for tp, cp, tbo in itertools.product(range(1, 9), range(1, 5), (False, True)):
         pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
@@ -187,16 +175,15 @@ def alignment_table(max_tokens: int = 2048):
         rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
         w_pr = padding_waste(kept, max_tokens) if kept else {"pad_frac": None, "eager": max_tokens}
         w_rd = padding_waste(rounded, max_tokens)
-        out.append({
-            "attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo, "mul_base_pr": pr,
-            "mul_base_decode": dec, "lcm": lcm, "tp_x_cp": tp * cp, "n_default": len(default),
-            "n_pr": len(kept), "n_decode_style": sum(n % dec == 0 for n in default), "n_lcm": sum(
-                n % lcm == 0 for n in default), "n_round_up": len(rounded),
-            "lost_pr": len(default) - len(kept), "lost_round_up": len(default) - len(rounded),
-            "pr_below_decode_base": sum(n % dec != 0 for n in kept),
-            "pad_frac_pr": w_pr["pad_frac"], "pad_frac_round_up": w_rd["pad_frac"],
-            "eager_pr": w_pr["eager"], "eager_round_up": w_rd["eager"], "pr_asserts": not kept
-        })
+        out.append(
+            dict(attn_tp=tp, attn_cp=cp, two_batch_overlap=tbo, mul_base_pr=pr, mul_base_decode=dec,
+                 lcm=lcm, tp_x_cp=tp * cp, n_default=len(default), n_pr=len(kept),
+                 n_decode_style=sum(n % dec == 0 for n in default), n_lcm=sum(
+                     n % lcm == 0 for n in default), n_round_up=len(rounded),
+                 lost_pr=len(default) - len(kept), lost_round_up=len(default) - len(rounded),
+                 pr_below_decode_base=sum(n % dec != 0 for n in kept), pad_frac_pr=w_pr["pad_frac"],
+                 pad_frac_round_up=w_rd["pad_frac"], eager_pr=w_pr["eager"],
+                 eager_round_up=w_rd["eager"], pr_asserts=not kept))
     return pd.DataFrame(out)
 
 
@@ -224,9 +211,40 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
         plots.label(ax, 0.05, top - rh * (i + 0.5), f"rank {i}", fontsize=8, weight="normal")
     plots.label(ax, 0.05, yb - 0.45, "PR filter", fontsize=8)
     plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{attn_tp})", fontsize=8)
-    if rest:
-        _rest_column(ax, x0 + len(cols) * cw, top, yb, rest, attn_tp, lists, rh)
-    _mechanism_title(ax, height, sizes, attn_tp, lists)
+    if rest:  # the sizes past the columns, summed up in one column
+        x, refused = x0 + len(cols) * cw + 0.1, [n for n in rest if n % attn_tp]
+        kept = [n for n in rest if n in lists["pr_filter"]]
+        plots.box(
+            ax, x, yb + 0.04, 1.3, top - yb - 0.08,
+            f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n"
+            + (f"{len(refused)} refused" if refused else "all split equally"),
+            color="removed" if refused else _SHARD_COLORS["equal"], fontsize=7.5)
+        plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 1.3, rh - 0.08, f"{len(kept)} kept",
+                  color="kept", fontsize=7)
+        moved = [n for n in rest if n not in lists["round_up"]]
+        plots.box(ax, x, yb - 0.45 - rh * 1.5, 1.3, rh - 0.08,
+                  f"{len(moved)} rounded up" if moved else "unchanged",
+                  color="accent" if moved else "kept", fontsize=7)
+    dropped = [n for n in sizes if n not in lists["pr_filter"]]
+    moved = [n for n in sizes if n not in lists["round_up"]]
+    merged = [n for n in moved if fx.ceil_align(n, attn_tp) in sizes]
+    ax.text(
+        0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {attn_tp} "
+        "(tensor_split: the first n % TP ranks get one row more)", fontsize=10, fontweight="bold",
+        va="top", color=plots.PALETTE["neutral"])
+    drops = ", ".join(map(str, dropped[:8])) + (" …" if len(dropped) > 8 else "")
+    note = (f"PR filter keeps {len(lists['pr_filter'])} of {len(sizes)}"
+            + (f" (drops {drops})" if dropped else "")
+            + f"; rounding up gives {len(lists['round_up'])} buckets"
+            + (f" ({len(merged)} of the {len(moved)} rounded sizes land on a size already in the "
+               "list)" if moved else ""))
+    ax.text(0.05, 0.42, note, fontsize=8, va="bottom", color="#555555")
+    legend = [
+        Patch(facecolor=_SHARD_COLORS[k], edgecolor="#566573", label=text)
+        for k, text in (("equal", "rows per rank, equal shards"), ("more", "unequal: one row more"),
+                        ("fewer", "unequal: one row fewer"))
+    ]
+    ax.legend(handles=legend, loc="lower left", ncol=3, fontsize=7.5, bbox_to_anchor=(0.0, -0.03))
     return fig
 
 
@@ -250,45 +268,6 @@ def _size_column(ax, x, top, n, tp, rh, lists, original) -> None:
     text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
     plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
               color="kept" if up == n else "accent", fontsize=7)
-
-
-def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
-    bad = [n for n in rest if n % tp]
-    kept = [n for n in rest if n in lists["pr_filter"]]
-    plots.box(
-        ax, x + 0.1, yb + 0.04, 1.3, top - yb - 0.08,
-        f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n"
-        + (f"{len(bad)} refused" if bad else "all split equally"),
-        color="removed" if bad else _SHARD_COLORS["equal"], fontsize=7.5)
-    plots.box(ax, x + 0.1, yb - 0.45 - rh / 2 + 0.04, 1.3, rh - 0.08, f"{len(kept)} kept",
-              color="kept", fontsize=7)
-    moved = [n for n in rest if n not in lists["round_up"]]
-    plots.box(ax, x + 0.1, yb - 0.45 - rh * 1.5, 1.3, rh - 0.08,
-              f"{len(moved)} rounded up" if moved else "unchanged",
-              color="accent" if moved else "kept", fontsize=7)
-
-
-def _mechanism_title(ax, height, sizes, tp, lists) -> None:
-    dropped = [n for n in sizes if n not in lists["pr_filter"]]
-    moved = [n for n in sizes if n not in lists["round_up"]]
-    merged = [n for n in moved if fx.ceil_align(n, tp) in sizes]
-    ax.text(
-        0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp} "
-        "(tensor_split: the first n % TP ranks get one row more)", fontsize=10, fontweight="bold",
-        va="top", color=plots.PALETTE["neutral"])
-    drops = ", ".join(map(str, dropped[:8])) + (" …" if len(dropped) > 8 else "")
-    note = (f"PR filter keeps {len(lists['pr_filter'])} of {len(sizes)}"
-            + (f" (drops {drops})" if dropped else "")
-            + f"; rounding up gives {len(lists['round_up'])} buckets"
-            + (f" ({len(merged)} of the {len(moved)} rounded sizes land on a size already in the "
-               "list)" if moved else ""))
-    ax.text(0.05, 0.42, note, fontsize=8, va="bottom", color="#555555")
-    legend = [
-        Patch(facecolor=_SHARD_COLORS[k], edgecolor="#566573", label=text)
-        for k, text in (("equal", "rows per rank, equal shards"), ("more", "unequal: one row more"),
-                        ("fewer", "unequal: one row fewer"))
-    ]
-    ax.legend(handles=legend, loc="lower left", ncol=3, fontsize=7.5, bbox_to_anchor=(0.0, -0.03))
 
 
 STATUS_COLORS = {
@@ -352,9 +331,7 @@ def alignment_heatmaps(table, max_tokens: int, n_default: int):
 
 
 def tail_window(events, rank: int = 0) -> dict:
-    """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
-    rank's capture ranges up to the first accepted size above the largest refused one, refused
-    ranges left out, every stream on one ``device`` lane."""
+    """Per variant, one rank's small capture ranges and refused marks (:func:`plots.timeline`)."""
     cr = capture_ranges(events)
     before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
     refused = before.loc[before.refused, "size"]
@@ -437,10 +414,8 @@ def profiler(rs) -> None:
 # -- the real engine at each recorded TP size (data/recorded/engine_capture_sizes/) ----------------
 # SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
 UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
-RULE = {
-    "before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
-    "today": "rounded up"
-}
+RULE = dict(before="no filter (before #23972, or lost)", pr_filter="#23972's filter",
+            today="rounded up")
 
 
 def engine_facts(run) -> list[dict]:
@@ -462,11 +437,10 @@ def engine_facts(run) -> list[dict]:
                 res.get("piecewise_cuda_graph_tokens") or fx.default_piecewise_capture_sizes(
                     res.get("piecewise_cuda_graph_max_tokens") or fx.MLA_MAX_TOKENS))
         got = tokens.get(key)
-        out.append({
-            "release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
-            "asked": asked, "attn_tp": e["tp"], "status": str(status[key]),
-            "captured": sorted(int(x) for x in str(got).split()) if got else None
-        })
+        out.append(
+            dict(release=e["release"], case=e["case"], rule=sglang.VARIANT.get(e["release"]),
+                 asked=asked, attn_tp=e["tp"], status=str(status[key]),
+                 captured=sorted(int(x) for x in str(got).split()) if got else None))
     return sorted(out, key=lambda f: (f["attn_tp"], parse_version(f["release"])))
 
 
@@ -533,8 +507,7 @@ def beside_rows(run, engine_run) -> list[dict]:
                 keep = _words(fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"]))
                 what = (f"start-up with sizes {asked}: the sizes it captures (the rebuild's filter "
                         f"keeps {keep})")
-            rows.append({
-                "source": f"SGLang {f['release']} engine (TP {f['attn_tp']})", "measures": what,
-                "figure": fig
-            })
+            rows.append(
+                dict(source=f"SGLang {f['release']} engine (TP {f['attn_tp']})", measures=what,
+                     figure=fig))
     return rows

@@ -29,8 +29,7 @@ MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
 
 
 def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
-    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all when None); no
-    reading, or a rank or repeat missing, is an error: "every rank" cannot hold over them."""
+    """MiB every rank >= 1 held on GPU 0 in one variant and phase; a missing reading is an error."""
     s = show.stray(run.df)
     s = s[s.variant == variant]
     s = s if phase is None else s[s.phase == phase]
@@ -138,11 +137,9 @@ def _cache(run):
         f"images from the cache {b.cache_image_hit_rate:.1%} per request → "
         f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
         f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
-        f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
-            **rates, "encoded_before": float(b.images_encoded), "encoded_after": float(
-                a.images_encoded), "images": float(a.images_requested), "requests": float(
-                    b.cache_lookups)
-        })
+        f"{a.images_encoded:.0f} of {a.images_requested:.0f}",
+        dict(rates, encoded_before=float(b.images_encoded), encoded_after=float(a.images_encoded),
+             images=float(a.images_requested), requests=float(b.cache_lookups)))
 
 
 def _spread(run):
@@ -247,10 +244,9 @@ def _growth_step(run):
     ok = len(marks) == 1 and len(per_rank) == ranks and bool((per_rank == 1).all())
     return holds(
         ok, f"+{count(big.delta_mib) if len(big) else '0'} MiB during "
-        f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)", {
-            "step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
-            "mark": marks[0] if len(marks) == 1 else "/".join(marks)
-        })
+        f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)",
+        dict(step_mib=float(big.delta_mib.median()) if len(big) else 0.0,
+             mark=marks[0] if len(marks) == 1 else "/".join(marks)))
 
 
 def _eager(run):
@@ -364,13 +360,11 @@ def _engine_before(run):
     ok = bool(before) and all(m > 0 for m in before.values()) and all(
         m == 0 for m in after.values()) and set(before) == set(after)
     contexts, mib = show.engine_stray(run, "before")
-    value = {
-        "before_min_mib": min(before.values(), default=0), "before_max_mib": max(
-            before.values(), default=0), "after_max_mib": max(after.values(), default=0),
-        "ranks": len(before), "gpu0_total_mib": sum(before.values()),
-        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": show.engine_tp(run),
-        "gpus": show.engine_gpus(run), "stray_contexts": contexts, "stray_mib": mib
-    }
+    mibs, after_max = list(before.values()), max(after.values(), default=0)
+    value = dict(before_min_mib=min(mibs, default=0), before_max_mib=max(mibs, default=0),
+                 after_max_mib=after_max, ranks=len(before), gpu0_total_mib=sum(mibs),
+                 after_stray_contexts=show.engine_stray(run, "released")[0], tp=show.engine_tp(run),
+                 gpus=show.engine_gpus(run), stray_contexts=contexts, stray_mib=mib)
     return holds(
         ok, "GPU 0 held by ranks ≥ 1: " + ", ".join(
             f"TP{r} {m:.0f} MiB" for r, m in sorted(before.items())) + " with #22858 reverted; "
@@ -412,10 +406,9 @@ def _engine_every_gpu(run):
         return ", ".join(f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(held.items()))
 
     return holds(
-        ok, f"{n} GPUs; with #22858 reverted: {where(before)}; as released: {where(after)}", {
-            "gpus": n, "ranks": len(before), "other_gpu_min_mib": min(others, default=0.0),
-            "other_gpu_max_mib": max(others, default=0.0)
-        })
+        ok, f"{n} GPUs; with #22858 reverted: {where(before)}; as released: {where(after)}",
+        dict(gpus=n, ranks=len(before), other_gpu_min_mib=min(others, default=0.0),
+             other_gpu_max_mib=max(others, default=0.0)))
 
 
 _E0 = "engine_grid_thw.rank_contexts_on_gpu0"

@@ -27,8 +27,7 @@ MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
 
 
 def group_tables(groups: list[dict], samples, ticks: list[float]):
-    """``memory`` (each (process, GPU) series' change points, :func:`sglab.core.memory.step_series`)
-    and ``marks`` of every group, each on its own time axis (0 = the group's start)."""
+    """The ``memory`` change points and ``marks`` of every group, times from the group's start."""
     mem, marks = [], []
     for g in groups:
         t0 = g["t_start"]
@@ -44,10 +43,8 @@ def group_tables(groups: list[dict], samples, ticks: list[float]):
 
 
 def write_perfetto(mem, marks, path) -> Path:
-    """Chrome trace JSON (ui.perfetto.dev): a trace process per group, a counter track per
-    (process, GPU) in MiB, a thread per process with its marks as slices."""
-    keys = set(zip(mem.variant, mem.repeat.tolist())) | set(
-        zip(marks.variant, marks.repeat.tolist()))
+    """Chrome trace JSON: a process per group, a MiB counter per (process, GPU), marks as slices."""
+    keys = {(v, r) for d in (mem, marks) for v, r in zip(d.variant, d.repeat.tolist())}
     gid = {k: i + 1 for i, k in enumerate(sorted(keys, key=str))}
     tid: dict = {}
     events = [{
@@ -57,18 +54,14 @@ def write_perfetto(mem, marks, path) -> Path:
     for r in marks.itertuples():
         k = (r.variant, r.repeat)
         t = tid.setdefault((k, r.process), len(tid) + 1)
-        events.append({
-            "name": "thread_name", "ph": "M", "pid": gid[k], "tid": t, "args": {"name": r.process}
-        })
-        events.append({
-            "name": r.mark, "ph": "X", "pid": gid[k], "tid": t, "ts": r.t_s * 1e6,
-            "dur": max(r.dur_s * 1e6, 1.0)
-        })
+        events.append(dict(name="thread_name", ph="M", pid=gid[k], tid=t, args={"name": r.process}))
+        events.append(
+            dict(name=r.mark, ph="X", pid=gid[k], tid=t, ts=r.t_s * 1e6,
+                 dur=max(r.dur_s * 1e6, 1.0)))
     for r in mem.itertuples():
-        events.append({
-            "name": f"{r.process} · GPU {r.gpu} (MiB)", "ph": "C",
-            "pid": gid[(r.variant, r.repeat)], "ts": r.t_s * 1e6, "args": {"MiB": r.mib}
-        })
+        events.append(
+            dict(name=f"{r.process} · GPU {r.gpu} (MiB)", ph="C", pid=gid[(r.variant, r.repeat)],
+                 ts=r.t_s * 1e6, args={"MiB": r.mib}))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
@@ -91,8 +84,7 @@ def _values_at(series, ts) -> "np.ndarray":
 
 
 def mark_deltas(mem, marks, *, gpu: int = 0):
-    """For every mark of every process: its memory on ``gpu`` when the mark began and when its next
-    mark began (a pause after the last), and the difference (blind to a resize inside a step)."""
+    """Per mark of every process: MiB on ``gpu`` when it began, when the next began, the change."""
     out = []
     mem = mem[mem.gpu == gpu]
     series = dict(
@@ -107,11 +99,8 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
         for r, a, b in zip(ms.itertuples(), before, after):
             out.append((variant, repeat, process, int(r.rank), gpu, r.mark, float(a), float(b),
                         float(b - a)))
-    return pd.DataFrame(
-        out, columns=[
-            "variant", "repeat", "process", "rank", "gpu", "mark", "before_mib", "after_mib",
-            "delta_mib"
-        ])
+    columns = [*MARK_COLUMNS[:4], "gpu", "mark", "before_mib", "after_mib", "delta_mib"]
+    return pd.DataFrame(out, columns=columns)
 
 
 def step_deltas(run, gpu: int = 0):
@@ -123,8 +112,7 @@ def step_deltas(run, gpu: int = 0):
 
 
 def growth_by_step(run):
-    """MiB each step added on GPU 0 for ranks >= 1 (median over repeats and ranks), a row per
-    variant, a column per step (None without a time series)."""
+    """Median MiB each step added on GPU 0 for ranks >= 1, a row per variant (None: no series)."""
     d = step_deltas(run, gpu=0)
     if d is None:
         return None
@@ -210,8 +198,7 @@ def _series_panel(ax, mem, marks, variant: str, rank: int) -> None:
 
 
 def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: int = 1):
-    """The profiler picture: NVML memory of every process of one group per variant over time, a line
-    per process and GPU, rank ``rank``'s steps shaded (None without a time series)."""
+    """Every process's NVML memory over time, one group per variant (None without a series)."""
     mem, marks = run.sidecar("memory"), run.sidecar("marks")
     if mem is None or marks is None:
         return None

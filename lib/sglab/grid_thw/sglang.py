@@ -38,14 +38,6 @@ VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
-def _grid_built_on_cpu(tree) -> bool:
-    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)``, no ``device=``."""
-    fn = S.find(tree, "_gpu_preprocess_images")
-    return any(
-        isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v, "device") is None
-        for v in S.assignments(fn, "grid_thws"))
-
-
 def check(read) -> Verdict:
     """The state of #22858 in one SGLang, read from ``multimodal/processors/kimi_k25.py``."""
     src = read(KIMI_PROCESSOR)
@@ -61,7 +53,9 @@ def check(read) -> Verdict:
     keys = [k for n in ast.walk(gpu_call) if isinstance(n, ast.Dict) for k in n.keys]
     keys = {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     moved = S.mentions(gpu_call, "grid_thws.cpu()")
-    on_cpu = _grid_built_on_cpu(tree)
+    on_cpu = any(  # _gpu_preprocess_images makes grid_thws with torch.tensor(...), no device=
+        isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v, "device") is None
+        for v in S.assignments(S.find(tree, "_gpu_preprocess_images"), "grid_thws"))
     if "image_grid_thw" in keys and moved:
         return Verdict(
             "pr-era", "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as "
@@ -116,8 +110,7 @@ class _Tower:
 
 
 def model_rows(prepared, sb, grid, pixels) -> list[dict]:
-    """Which key ``KimiK25ForConditionalGeneration.get_image_feature`` (built without its heavy
-    ``__init__``) reads the grid from, an item carrying it under one key at a time."""
+    """Which key ``KimiK25ForConditionalGeneration.get_image_feature`` reads the grid from."""
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
     cls = kimi.KimiK25ForConditionalGeneration
     rows = []
@@ -149,8 +142,7 @@ def _tokenizer(text, return_tensors="pt"):
 
 
 def processor_rows(prepared) -> list[dict]:
-    """``KimiGPUProcessorWrapper._gpu_call`` on the CPU (its norm tensors there, a stand-in
-    tokenizer); empty where the release has no GPU preprocessor file."""
+    """``KimiGPUProcessorWrapper._gpu_call`` on the CPU (none where the release lacks the file)."""
     if not has_file(prepared, KIMI_PROCESSOR):
         return []
     proc = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
@@ -192,14 +184,14 @@ def _send_msgpack(prepared, item):
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     from sglang.srt.sampling.sampling_params import SamplingParams  # the release's own
 
-    req = io.TokenizedGenerateReqInput(input_text="x", input_ids=array(
-        "i", [1, 2, 3]), input_embeds=None, mm_inputs=sb.MultimodalProcessorOutput(mm_items=[item]),
-                                       token_type_ids=None, sampling_params=SamplingParams(),
-                                       return_logprob=False, logprob_start_len=-1,
-                                       top_logprobs_num=0, token_ids_logprob=None, stream=False)
-    data = io.msgpack_encode(req)
-    return io.msgpack_decode(data).mm_inputs.mm_items[0], "msgpack (io_struct.msgpack_encode)", \
-        len(data)
+    mm_inputs = sb.MultimodalProcessorOutput(mm_items=[item])
+    data = io.msgpack_encode(
+        io.TokenizedGenerateReqInput(
+            input_text="x", input_ids=array("i", [1, 2, 3]), input_embeds=None, mm_inputs=mm_inputs,
+            token_type_ids=None, sampling_params=SamplingParams(), return_logprob=False,
+            logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False))
+    back = io.msgpack_decode(data).mm_inputs.mm_items[0]
+    return back, "msgpack (io_struct.msgpack_encode)", len(data)
 
 
 def _send_pickle(item):
@@ -220,20 +212,17 @@ def _recorded_device(grid, msgpack: bool) -> str | None:
 
 
 def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
-    """The item through the release's transport (0.5.2x: msgpack of a ``TokenizedGenerateReqInput``
-    recording the device; 0.5.1x: pickle, its storage carrying a location tag)."""
+    """The item through the release's transport: msgpack (0.5.2x) or pickle (0.5.1x)."""
     msgpack = has_file(prepared, "srt/utils/msgpack_utils.py")
     item = make_item(sb, key, grid, pixels)
     back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
     g = back.model_specific_data.get(key)
     kept = g is not None
-    facts = {
-        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": kept,
-        "device_sent": str(grid.device), "device_received": str(g.device) if kept else None,
-        "device_recorded_on_wire": _recorded_device(grid, msgpack), "dtype_kept": kept
-        and g.dtype == grid.dtype, "shape_kept": kept and tuple(g.shape) == tuple(grid.shape),
-        "values_kept": kept and g.cpu().tolist() == grid.cpu().tolist()
-    }
+    facts = dict(wire=how, bytes=nbytes, item_class=type(back).__name__, key_kept=kept,
+                 device_sent=str(grid.device), device_received=str(g.device) if kept else None,
+                 device_recorded_on_wire=_recorded_device(grid, msgpack), dtype_kept=kept
+                 and g.dtype == grid.dtype, shape_kept=kept and tuple(g.shape) == tuple(grid.shape),
+                 values_kept=kept and g.cpu().tolist() == grid.cpu().tolist())
     return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
 
 
@@ -242,10 +231,9 @@ def probe(prepared, params: dict) -> list[dict]:
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     out = _rebuilt()
     grid, pixels = out["image_grid_thw"].to(params.get("device") or "cpu"), out["pixel_values"]
-    rows = [{
-        "part": "item", "case": "class", "metric": "module",
-        "value": sb.MultimodalDataItem.__module__
-    }]
+    rows = [
+        dict(part="item", case="class", metric="module", value=sb.MultimodalDataItem.__module__)
+    ]
     rows += model_rows(prepared, sb, grid, pixels) + processor_rows(prepared)
     for key in KEYS:
         rows += wire_rows(prepared, sb, key, grid, pixels)
@@ -268,8 +256,7 @@ KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4"
 
 
 def _kimi_cases(tp: int) -> tuple:
-    """Released and reverted at TP ``tp``, each with the processor made offline (sglab engine adds
-    the MLA weights' post-load step 0.5.11 lacks: engine.spec.MODEL_NEEDS)."""
+    """Released and reverted at TP ``tp``, each with the processor made offline."""
     args = ("--tp-size", str(tp), *KIMI_ARGS)
     return (Case("released", args, (stand_in.PROCESSOR,)),
             Case("before", args, (stand_in.PROCESSOR, GRID_ON_CUDA0)))
@@ -310,13 +297,10 @@ FIX = Fix(
                        KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),),
     probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
+
 # -- the real answers beside the rebuild's (the notebook's real-SGLang section) --------------------
-WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
-
-
 def rebuild_facts(variant: str, with_processor: bool) -> dict:
-    """The rebuild's answers for ``variant``: the key its ``gpu_call`` emits, its
-    ``send_pyobj`` / ``recv_pyobj`` round trip, and (``with_processor``) its processor output."""
+    """The rebuild's key, pickle round trip and (``with_processor``) processor output."""
     out = _rebuilt(variant)
     key = rebuild.grid_key(out)
     grid = out[key]
@@ -334,10 +318,8 @@ def rebuild_facts(variant: str, with_processor: bool) -> dict:
             "processor key": key, "processor grid": grid.tolist(), "processor grid dtype": dtype,
             "pixel_values equal": True
         })
-    text = {
-        "before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "
-        "a GPU)", "after": "gpu_call returns image_grid_thw, moved to the CPU (.cpu())"
-    }[variant]
+    text = ("gpu_call returns grid_thws, left on the device it was built on (cuda:0 on a GPU)" if
+            variant == "before" else "gpu_call returns image_grid_thw, moved to the CPU (.cpu())")
     return {**facts, "text": text + "; send_pyobj/recv_pyobj keep device, dtype, shape"}
 
 
@@ -348,9 +330,10 @@ def real_facts(result, key: str) -> dict:
     proc = real.facts(result, part="processor")
     facts = {
         "grid key": key, "model reads it": model.get("reads_grid"),
-        "device_kept": wire.get("device_received") == wire.get("device_sent")
+        "device_kept": wire.get("device_received") == wire.get("device_sent"),
+        **{k: wire.get(k)
+           for k in ("dtype_kept", "shape_kept", "values_kept")}
     }
-    facts.update({k: wire.get(k) for k in WIRE_FACTS[1:]})
     if proc.get("grid_key") is not None:
         facts.update({
             "processor key": proc["grid_key"], "processor grid": proc["grid"],
@@ -373,20 +356,19 @@ def real_facts(result, key: str) -> dict:
     return {**facts, "text": text}
 
 
-def release_row(release: str, result, variant: str) -> dict:
-    """The release's grid key, model, processor and wire beside the rebuild's ``variant``."""
-    got = real_facts(result, "image_grid_thw" if variant == "after" else "grid_thws")
-    want = rebuild_facts(variant, with_processor="processor key" in got)
-    keys = sorted((set(got) | set(want)) - {"text"})
-    return real.facts_row(release, "grid key, model, processor and wire", got, variant, want, keys,
-                          lambda f: f["text"])
-
-
 def comparison(results: dict, variant_of: dict = VARIANT_OF):
-    """One row per release that ran."""
-    return real.table([
-        release_row(v, r, variant_of[v]) for v, r in real.ran(results).items() if v in variant_of
-    ])
+    """Per release that ran: its grid key, model, processor and wire beside the rebuild's."""
+    rows = []
+    for release, result in real.ran(results).items():
+        if (variant := variant_of.get(release)) is None:
+            continue
+        got = real_facts(result, "image_grid_thw" if variant == "after" else "grid_thws")
+        want = rebuild_facts(variant, with_processor="processor key" in got)
+        keys = sorted((set(got) | set(want)) - {"text"})
+        rows.append(
+            real.facts_row(release, "grid key, model, processor and wire", got, variant, want, keys,
+                           lambda f: f["text"]))
+    return real.table(rows)
 
 
 # the notebook's real-SGLang section; the fix across releases, a released symbol beside the rebuild

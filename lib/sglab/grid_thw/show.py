@@ -60,9 +60,7 @@ def stray_contexts(df, variant: str = "before", phase: str = "kernel") -> tuple[
 
 
 def _spread(g, n: str) -> pd.DataFrame:
-    return pd.DataFrame({
-        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), n: g.size()
-    }).reset_index()
+    return g.agg(median_mib="median", min_mib="min", max_mib="max", **{n: "size"}).reset_index()
 
 
 def gpu0_per_rank(df):
@@ -88,13 +86,12 @@ def off_rank_gpus(df):
     rows = []
     for key, g in m.groupby(keys):
         held = g[g.value > 0]
-        rows.append({
-            **dict(zip(keys, key)), "gpus_per_run": int(m.gpu.max()) + 1,
-            "pairs_holding": held.groupby(["rank", "gpu"]).ngroups, "pairs": g.groupby([
-                "rank", "gpu"
-            ]).ngroups, "median_mib_per_pair": float(held.value.median()) if len(held) else 0.0,
-            "total_mib": float(g.groupby("repeat").value.sum().median())
-        })
+        pairs = [d.groupby(["rank", "gpu"]).ngroups for d in (held, g)]
+        rows.append(
+            dict(zip(keys, key), gpus_per_run=int(m.gpu.max()) + 1, pairs_holding=pairs[0],
+                 pairs=pairs[1],
+                 median_mib_per_pair=float(held.value.median()) if len(held) else 0.0,
+                 total_mib=float(g.groupby("repeat").value.sum().median())))
     return pd.DataFrame(rows)
 
 
@@ -104,9 +101,7 @@ def landing(df):
     idx = _by_run(d) + ["variant", "tp_size", "rank", "repeat"]
     out = d.pivot_table(index=idx, columns="metric", values="value").reset_index()
     out["grid_device"] = ["cpu" if v < 0 else f"cuda:{int(v)}" for v in out["grid_device"]]
-    out["grid_key"] = [
-        "image_grid_thw" if v else "grid_thws" for v in out["grid_key_is_image_grid_thw"]
-    ]
+    out["grid_key"] = np.where(out["grid_key_is_image_grid_thw"], "image_grid_thw", "grid_thws")
     out["repeat_id"] = out[_by_run(out) + ["repeat"]].astype(str).agg("/".join, axis=1)
     one = lambda s: "/".join(sorted(set(s)))  # noqa: E731
     return out.groupby(["variant", "tp_size",
@@ -162,8 +157,7 @@ def waste(run) -> None:
 
 
 def sampling(run) -> str:
-    """The rate the parent's NVML sampler was asked for (the run's ``sample_hz``) and the rate it
-    reached over the run (``sampler_hz``)."""
+    """The rate the parent's NVML sampler was asked for and the rate it reached over the run."""
     asked = float(run.manifest.params.get("sample_hz", measure.DEFAULT_PARAMS["sample_hz"]))
     d = run.df[run.df.metric.isin(["sampler_hz", "sampler_errors"])].groupby("metric").value.max()
     reached = f"{d['sampler_hz']:.0f} Hz reached" if "sampler_hz" in d else "no rate recorded"
@@ -189,20 +183,8 @@ def profiler(run) -> None:
 
 
 # -- figures ---------------------------------------------------------------------------------------
-def _cell(ax, x: float, y: float, w: float, h: float, row) -> None:
-    """One process × GPU cell: before (left) | after (right); a stray context is filled red."""
-    left = (STRAY if row.stray else "#d5d8dc") if row.before > 0 else "white"
-    plots.box(ax, x, y, w / 2, h, color=left, edge=STRAY if row.stray else "#566573")
-    plots.box(ax, x + w / 2, y, w / 2, h, color="#d5d8dc" if row.after > 0 else "white")
-    for dx, mib, white in ((w / 4, row.before, row.stray), (3 * w / 4, row.after, False)):
-        ax.text(x + dx, y + h / 2, "—" if mib == 0 else f"{mib:.0f}", ha="center", va="center",
-                fontsize=8.5, color="white" if white else "black",
-                fontweight="bold" if white else "normal")
-
-
 def mechanism(engine):
-    """Every process × GPU of the engine run that saw the most GPUs, MiB with #22858's `.cpu()`
-    reverted | as released; a rank on a GPU not its own is a stray context."""
+    """Every process × GPU of the widest engine run, MiB with `.cpu()` reverted | as released."""
     if not engine:
         fig, ax = plots.canvas(6, 1.2)
         ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
@@ -226,8 +208,15 @@ def mechanism(engine):
     for i, proc in enumerate(procs):
         y = top - (i + 1) * (h + gy) + gy
         plots.label(ax, 0.1, y + h / 2, proc, fontsize=9)
-        for j, g in enumerate(gpus):
-            _cell(ax, 2.2 + j * (w + gx), y, w, h, t[(t.process == proc) & (t.gpu == g)].iloc[0])
+        for j, g in enumerate(gpus):  # MiB reverted (left) | released; a stray context in red
+            x, row = 2.2 + j * (w + gx), t[(t.process == proc) & (t.gpu == g)].iloc[0]
+            left = (STRAY if row.stray else "#d5d8dc") if row.before > 0 else "white"
+            plots.box(ax, x, y, w / 2, h, color=left, edge=STRAY if row.stray else "#566573")
+            plots.box(ax, x + w / 2, y, w / 2, h, color="#d5d8dc" if row.after > 0 else "white")
+            for dx, mib, white in ((w / 4, row.before, row.stray), (3 * w / 4, row.after, False)):
+                ax.text(x + dx, y + h / 2, "—" if mib == 0 else f"{mib:.0f}", ha="center",
+                        va="center", fontsize=8.5, color="white" if white else "black",
+                        fontweight="bold" if white else "normal")
     foreign = (t["rank"] >= 0) & (t.gpu != t["rank"])
     s = t[t.stray]
     ax.set_title(
@@ -280,9 +269,7 @@ def cache_answer(stats: dict):
 
 # -- your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 def stray_mib() -> dict:
-    """Per GPU model and TP size: ``(before, after, runs)``, the MiB a rank >= 1 holds on GPU 0
-    after a kernel (the median over that TP size's recorded runs of each run's median) and how many
-    runs it reads."""
+    """Per GPU model and TP size: ``(before, after, runs)``, MiB per rank >= 1 on GPU 0 (kernel)."""
     per = pd.concat([
         gpu0_per_rank(r.df).assign(gpu=runs.gpu_short(r), run=r.manifest.created_utc)
         for r in runs.load_all_recorded(measure.EXPERIMENT)
@@ -297,32 +284,22 @@ def stray_mib() -> dict:
     return {gpu: dict(sorted(t.items())) for gpu, t in out.items()}
 
 
-def _per_rank(by_tp: dict, tp_size: int) -> tuple[float, float, str]:
-    """``(before, after, where from)`` for ``tp_size``: its own recorded TP size, else the nearest
-    recorded one below it (or above, where none is below), said to be an estimate."""
-    if tp_size in by_tp:
-        b, a, n = by_tp[tp_size]
-        return b, a, f"measured at TP {tp_size} ({'median of ' if n > 1 else ''}{n} run" \
-            f"{'s' * (n > 1)})"
-    below = [t for t in by_tp if t < tp_size]
-    near = max(below) if below else min(by_tp)
-    b, a, _ = by_tp[near]
-    return b, a, f"estimate from TP {near} (no TP {tp_size} run)"
-
-
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
-    """Per GPU model: the GPU-0 memory N − 1 ranks hold before and after, from the per-rank MiB
-    recorded at this TP size (or, not recorded, an estimate from the nearest); the vision cache."""
+    """Per GPU model: GPU-0 MiB of N − 1 ranks before and after (recorded or nearest), the cache."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
         "images requested": after.images, "encoded per request (before)": before.images_encoded,
         "encoded per image (after)": after.images_encoded
     }
-    n = int(tp_size) - 1
-    rows = []
+    tp, n, rows = int(tp_size), int(tp_size) - 1, []
     for gpu, by_tp in stray_mib().items():
-        b, a, source = _per_rank(by_tp, int(tp_size))
+        below = [t for t in by_tp if t < tp]
+        near = tp if tp in by_tp else max(below) if below else min(by_tp)
+        b, a, runs_ = by_tp[near]
+        source = (f"measured at TP {tp} ({'median of ' if runs_ > 1 else ''}{runs_} run"
+                  f"{'s' * (runs_ > 1)})"
+                  if near == tp else f"estimate from TP {near} (no TP {tp} run)")
         rows.append({
             "GPU": gpu, "stray MiB per rank ≥ 1": round(b), "per-rank MiB from": source,
             "GPU-0 MiB before": round(n * b), "GPU-0 MiB after": round(n * a), **cache
@@ -332,10 +309,8 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
 
 def your_setup(interactive: bool = False):
     """TP size and a request stream -> :func:`setup_table`."""
-    controls = {
-        "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
-        "max_images": [1, 2, 4, 8]
-    }
+    controls = dict(tp_size=[2, 4, 8, 16], requests=[50, 200, 1000], image_pool=[8, 24, 100, 1000],
+                    max_images=[1, 2, 4, 8])
     static = [{"tp_size": 8, "requests": 200, "image_pool": 24, "max_images": 4},
               {"tp_size": 4, "requests": 200, "image_pool": 1000, "max_images": 1}]
     return notebook.explore(
@@ -360,22 +335,20 @@ def engine_memory(run) -> pd.DataFrame:
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
     process = d.process.astype(str)
-    return pd.DataFrame({
-        "case": d.case, "process": process,
-        "rank": process.str.extract(r"scheduler_TP(\d+)", expand=False).astype(float),
-        "gpu": d.gpu.astype(float).astype(int), "MiB": d.value.astype(float)
-    }).reset_index(drop=True)
+    return pd.DataFrame(
+        dict(case=d.case, process=process, rank=process.str.extract(r"scheduler_TP(\d+)",
+                                                                    expand=False).astype(float),
+             gpu=d.gpu.astype(float).astype(int), MiB=d.value.astype(float))).reset_index(drop=True)
 
 
 def engine_gpu0(run) -> dict:
     """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case."""
     mem, tps = engine_memory(run), {e["case"]: e["tp"] for e in run.manifest.engine_runs}
+    on0 = mem[mem["gpu"] == 0].groupby(["case", "rank"])["MiB"].sum()
     return {
-        case: {
-            r: float(g[(g["rank"] == r) & (g["gpu"] == 0)]["MiB"].sum())
-            for r in range(1, tps.get(case, 1))
-        }
-        for case, g in mem.groupby("case")
+        case: {r: float(on0.get((case, r), 0.0))
+               for r in range(1, tps.get(case, 1))}
+        for case in sorted(set(mem["case"]))
     }
 
 
@@ -389,13 +362,11 @@ def engine_stray(run, case: str) -> tuple[int, float]:
 def gpus_held(run) -> dict:
     """``{case: {rank: [GPU, ...]}}``: the GPUs where each scheduler rank ≥ 1 holds memory."""
     mem = engine_memory(run)
-    ranks = mem[mem["rank"].fillna(0) >= 1]
+    held = mem[mem["rank"].fillna(0) >= 1].assign(gpu=lambda d: d["gpu"].where(d["MiB"] > 0))
     return {
-        case: {
-            int(r): sorted(int(x) for x in g[g["MiB"] > 0]["gpu"])
-            for r, g in c.groupby("rank")
-        }
-        for case, c in ranks.groupby("case")
+        case: {int(r): sorted(int(x) for x in g.dropna())
+               for r, g in c.groupby("rank").gpu}
+        for case, c in held.groupby("case")
     }
 
 
@@ -420,8 +391,7 @@ def engine_cells(run) -> pd.DataFrame:
 
 
 def engine_table(newest: dict) -> pd.DataFrame:
-    """``{TP size: run}`` -> MiB per (TP, case, process) and GPU: 0 where the GPU was there and the
-    process held nothing, missing (NaN) where the run's machine had no such GPU."""
+    """``{TP: run}`` -> MiB per (TP, case, process) and GPU; NaN where a machine had no such GPU."""
     mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
                            aggfunc="sum")

@@ -21,37 +21,31 @@ MEDIA_TOKENS = ("<|media_start|>", "<|media_content|>", "<|media_end|>", "<|medi
 
 def media_proc_cfg() -> dict:
     """Kimi-K2.5's ``media_proc_cfg``, the rebuild's values."""
-    return {
-        "patch_size": rebuild.PATCH_SIZE, "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
-        "in_patch_limit": rebuild.IN_PATCH_LIMIT,
-        "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE, "fixed_output_tokens": None,
-        "image_mean": list(rebuild.IMAGE_MEAN), "image_std": list(rebuild.IMAGE_STD)
-    }
+    return dict(patch_size=rebuild.PATCH_SIZE, merge_kernel_size=rebuild.MERGE_KERNEL_SIZE,
+                in_patch_limit=rebuild.IN_PATCH_LIMIT,
+                patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE, fixed_output_tokens=None,
+                image_mean=list(rebuild.IMAGE_MEAN), image_std=list(rebuild.IMAGE_STD))
 
 
 def media_token_ids(config: dict) -> dict[str, int]:
-    """``{token: id}`` of the four media tokens: ``<|media_pad|>`` at the config's
-    ``media_placeholder_token_id``, the other three just below it."""
+    """``{token: id}`` of the media tokens, ``<|media_pad|>`` at ``media_placeholder_token_id``."""
     pad = int(config["media_placeholder_token_id"])
     return {t: pad - len(MEDIA_TOKENS) + 1 + i for i, t in enumerate(MEDIA_TOKENS)}
 
 
 def tokenizer_json(folder: Path, config: dict) -> dict:
-    """The folder's ``tokenizer.json`` with the media tokens in place of the words at their ids,
-    as special tokens (matched before the whitespace split)."""
+    """The folder's ``tokenizer.json`` with the media tokens as special tokens at their ids."""
     tok = json.loads((Path(folder) / "tokenizer.json").read_text())
-    ids = media_token_ids(config)
     vocab = tok["model"]["vocab"]
     by_id = {i: w for w, i in vocab.items()}
-    for t, i in ids.items():
+    for t, i in media_token_ids(config).items():
         if by_id.get(i) is None:
             raise ValueError(f"{folder}: the tokenizer has no id {i} for {t}")
         del vocab[by_id[i]]
         vocab[t] = i
-        tok["added_tokens"].append({
-            "id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True
-        })
+        tok["added_tokens"].append(
+            dict(id=i, content=t, single_word=False, lstrip=False, rstrip=False, normalized=False,
+                 special=True))
     return tok
 
 
@@ -104,8 +98,7 @@ def processor(folder, config: dict) -> Processor:
 
 
 def use_stand_in(params: dict, module) -> None:
-    """Patch ``module.get_processor`` (in the engine's processes) to return :func:`processor` for a
-    ``kimi_k25`` folder, the release's own processor otherwise."""
+    """Patch ``module.get_processor`` to return :func:`processor` for a ``kimi_k25`` folder."""
     from sglab.sglang.engine.hooks import say
 
     original = module.get_processor
