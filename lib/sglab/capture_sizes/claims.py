@@ -299,10 +299,8 @@ def _engine_fails(run):
 
 def _engine_filter(run):
     facts = _filtered(run)
-    want = {
-        f["release"]: fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-        for f in facts
-    }
+    keeps = fx.filter_piecewise_capture_sizes
+    want = {f["release"]: keeps(f["asked"], f["attn_tp"]) for f in facts}
     bad = [f for f in facts if f["status"] != "ok" or f["captured"] != want[f["release"]]]
     f0 = facts[0] if facts else {}
     asked, captured = _join(f0.get("asked", [])), _join(f0.get("captured") or [])

@@ -109,10 +109,9 @@ class RankWork:
         fx.gather_from_attn_tp(self.static_out[:n], y, self.ctx.group)
 
     def row(self, variant, size, metric, value, unit="", **extra) -> None:
-        self.rows.append({
-            "variant": variant, "world_size": self.w, "size": int(size), "metric": metric,
-            "value": float(value), "unit": unit, **extra
-        })
+        self.rows.append(
+            dict(variant=variant, world_size=self.w, size=int(size), metric=metric,
+                 value=float(value), unit=unit, **extra))
 
     def release(self, graphs: dict) -> None:
         graphs.clear()
@@ -328,10 +327,8 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
             dist.stop_forkserver()
     for r, out in enumerate(per_rank):
         phases.merge(out["phases"], prefix=f"rank{r}/")
-    rows = [
-        dict(r, error=r.get("error", ""), stage=r.get("stage", ""))
-        for r in _merge([out["rows"] for out in per_rank])
-    ]
+    merged = _merge([out["rows"] for out in per_rank])
+    rows = [dict(r, error=r.get("error", ""), stage=r.get("stage", "")) for r in merged]
     df = runs.tidy(EXPERIMENT, rows)
     if progress:
         print(f"[capture_sizes] done in {time.perf_counter() - t0:.1f} s", flush=True)

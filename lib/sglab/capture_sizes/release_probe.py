@@ -123,18 +123,6 @@ def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
         return _captured(pre.PrefillCudaGraphRunner, base.get_batch_sizes_to_capture, sa, pool_size)
 
 
-def _sizes_published(prepared, prefill_bs: list, pool_size: int) -> tuple[list, list]:
-    """0.5.16+, with a configuration published: the functions the runners call, as they are."""
-    base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
-    pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
-    ctx = _module(prepared, "runtime_context").get_context()
-    prefill = pre.get_prefill_num_tokens_to_capture(list(prefill_bs))
-    runner = types.SimpleNamespace(server_args=ctx.server_args,
-                                   req_to_token_pool=types.SimpleNamespace(size=pool_size))
-    decode, _ = base.get_batch_sizes_to_capture(runner)
-    return list(prefill), list(decode)
-
-
 def _publish_fields(prepared, sa):
     """0.5.16+: publish the stand-in's fields as a dummy ``ServerArgs`` (a context manager)."""
     cfgmod = _module(prepared, "model_executor.cuda_graph_config")
@@ -142,11 +130,9 @@ def _publish_fields(prepared, sa):
         decode=cfgmod.PhaseConfig(backend=cfgmod.Backend.FULL, bs=list(sa.cuda_graph_bs)),
         prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE,
                                    bs=list(sa.piecewise_cuda_graph_tokens)))
-    fields = {
-        k: getattr(sa, k)
-        for k in ("tp_size", "dp_size", "enable_dp_attention", "moe_dense_tp_size", "attn_cp_size",
-                  "enable_two_batch_overlap", "enable_dp_lm_head")
-    }
+    names = ("tp_size", "dp_size", "enable_dp_attention", "moe_dense_tp_size", "attn_cp_size",
+             "enable_two_batch_overlap", "enable_dp_lm_head")
+    fields = {k: getattr(sa, k) for k in names}
     # 0.5.2x resolves the deprecated `--dp-size N --enable-dp-attention` into attn_dp_size = N;
     # publishing skips resolution, so the resolved field is set here the same way
     fields["attn_dp_size"] = sa.dp_size if sa.enable_dp_attention else 1
@@ -161,11 +147,21 @@ def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
         return _sizes_pr_era(prepared, sa, pool_size)
     if not has_file(prepared, PUBLISHED):
         return _sizes_unified(prepared, sa, pool_size)
-    if resolved:  # already published by configure()
-        return _sizes_published(prepared,
-                                _view(prepared, sa).cuda_graph_config.prefill.bs or [], pool_size)
-    with _publish_fields(prepared, sa):
-        return _sizes_published(prepared, sa.piecewise_cuda_graph_tokens, pool_size)
+    # 0.5.16+, with a configuration published: the functions the runners call, as they are
+    with contextlib.ExitStack() as stack:
+        if resolved:  # already published by configure()
+            prefill_bs = _view(prepared, sa).cuda_graph_config.prefill.bs or []
+        else:
+            stack.enter_context(_publish_fields(prepared, sa))
+            prefill_bs = sa.piecewise_cuda_graph_tokens
+        base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
+        pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
+        ctx = _module(prepared, "runtime_context").get_context()
+        prefill = pre.get_prefill_num_tokens_to_capture(list(prefill_bs))
+        decode, _ = base.get_batch_sizes_to_capture(
+            types.SimpleNamespace(server_args=ctx.server_args,
+                                  req_to_token_pool=types.SimpleNamespace(size=pool_size)))
+    return list(prefill), list(decode)
 
 
 def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
@@ -439,9 +435,7 @@ def case_rows(prepared, params: dict) -> list[dict]:
                 facts = configure(prepared, list(argv), p, stack.enter_context)
         except (_ArgError, AssertionError, ValueError, TypeError, RuntimeError) as exc:
             text, kind = " ".join(str(exc).split()), type(exc).__name__
-            facts = {
-                "error": text if isinstance(exc, _ArgError) else
-                f"{kind}: {text}" if text else f"{kind} (SGLang's check gives no message)"
-            }
+            said = f"{kind}: {text}" if text else f"{kind} (SGLang's check gives no message)"
+            facts = {"error": text if isinstance(exc, _ArgError) else said}
         rows += [{"case": name, "metric": k, "value": v} for k, v in facts.items()]
     return rows

@@ -129,12 +129,12 @@ def sizes_table(rows, case: str = "args"):
     return pd.DataFrame(out, dtype=object)
 
 
-def _cells(r) -> list[str]:
+def _cells(r) -> tuple[str, ...]:
     if r.status not in ("captured", "off"):
-        return [r.release, "", "", f"{r.status}: {r.note}"]
+        return (r.release, "", "", f"{r.status}: {r.note}")
     where = f"{r.list}, attn TP {r.attn_tp}" + (f" × CP {r.attn_cp}" if r.attn_cp > 1 else "")
     if r.status == "off":
-        return [r.release, where, "off", f"not captured ({r.note})"]
+        return (r.release, where, "off", f"not captured ({r.note})")
     c = r.captured
     refused = ("none (no token scatter)" if not r.gathered else
                f"{len(r.refused)}: {_few(r.refused)}" if r.refused else "none")
@@ -149,18 +149,14 @@ def _cells(r) -> list[str]:
         moved = [f"{n}→{fx.ceil_align(n, a)}" for n in r.configured if n % a]
         tail.append(f"round-up to multiples of {a}: {len(r.round_up)}" +
                     (f" ({_few(moved, 3)})" if moved else ""))
-    return [
-        r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
-        f"refused {refused}; " + "; ".join(tail)
-    ]
+    return (r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
+            f"refused {refused}; " + "; ".join(tail))
 
 
 def render(table) -> str:
     """The table as text: release, list, captured sizes, what is refused, the rebuild's rules."""
-    head = [
-        "release", "list", "captured",
-        "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)"
-    ]
+    head = ("release", "list", "captured",
+            "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)")
     cells = [head] + [_cells(r) for r in table.itertuples()]
     widths = [max(len(c[i]) for c in cells) for i in range(3)]
     return "\n".join(

@@ -363,10 +363,8 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     pids = [x["pid"] for x in landed] + [tok.pid]
     rows = _landing_rows(variant, results, common) + _exit_rows(variant, pids, backend == "nccl",
                                                                 common, tok_exit)
-    procs = {
-        tok.pid: ("tokenizer", -1), **{x["pid"]: (f"rank {x['rank']}", x["rank"])
-                                       for x in landed}
-    }
+    procs = {x["pid"]: (f"rank {x['rank']}", x["rank"]) for x in landed}
+    procs = {tok.pid: ("tokenizer", -1), **procs}
     marks = [(*procs[tok.pid], *m) for m in tok_marks]
     marks += [(*procs[x["pid"]], *m) for r, x in zip(results, landed) for m in r["marks"]]
     t_entry = [r["t_entry"] - t_start for r in results]

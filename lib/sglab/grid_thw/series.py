@@ -47,10 +47,10 @@ def write_perfetto(mem, marks, path) -> Path:
     keys = {(v, r) for d in (mem, marks) for v, r in zip(d.variant, d.repeat.tolist())}
     gid = {k: i + 1 for i, k in enumerate(sorted(keys, key=str))}
     tid: dict = {}
-    events = [{
-        "name": "process_name", "ph": "M", "pid": i,
-        "args": {"name": f"{variant} · repeat {repeat}"}
-    } for (variant, repeat), i in gid.items()]
+    events = [
+        dict(name="process_name", ph="M", pid=i, args={"name": f"{variant} · repeat {repeat}"})
+        for (variant, repeat), i in gid.items()
+    ]
     for r in marks.itertuples():
         k = (r.variant, r.repeat)
         t = tid.setdefault((k, r.process), len(tid) + 1)

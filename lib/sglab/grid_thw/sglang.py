@@ -66,9 +66,8 @@ def check(read) -> Verdict:
             "device) and _gpu_call returns it as image_grid_thw; no .cpu() needed")
     if "image_grid_thw" in keys:
         return Verdict(
-            "regressed",
-            "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
-            "tensor reaches every TP rank again")
+            "regressed", "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a "
+            "cuda:0 tensor reaches every TP rank again")
     if "grid_thws" in keys and not (moved or on_cpu):
         return Verdict(
             "before", "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
@@ -231,10 +230,8 @@ def probe(prepared, params: dict) -> list[dict]:
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     out = _rebuilt()
     grid, pixels = out["image_grid_thw"].to(params.get("device") or "cpu"), out["pixel_values"]
-    rows = [
-        dict(part="item", case="class", metric="module", value=sb.MultimodalDataItem.__module__)
-    ]
-    rows += model_rows(prepared, sb, grid, pixels) + processor_rows(prepared)
+    item = dict(part="item", case="class", metric="module", value=sb.MultimodalDataItem.__module__)
+    rows = [item] + model_rows(prepared, sb, grid, pixels) + processor_rows(prepared)
     for key in KEYS:
         rows += wire_rows(prepared, sb, key, grid, pixels)
     return rows

@@ -335,21 +335,18 @@ def engine_memory(run) -> pd.DataFrame:
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
     process = d.process.astype(str)
+    rank = process.str.extract(r"scheduler_TP(\d+)", expand=False).astype(float)
     return pd.DataFrame(
-        dict(case=d.case, process=process, rank=process.str.extract(r"scheduler_TP(\d+)",
-                                                                    expand=False).astype(float),
-             gpu=d.gpu.astype(float).astype(int), MiB=d.value.astype(float))).reset_index(drop=True)
+        dict(case=d.case, process=process, rank=rank, gpu=d.gpu.astype(float).astype(int),
+             MiB=d.value.astype(float))).reset_index(drop=True)
 
 
 def engine_gpu0(run) -> dict:
     """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case."""
     mem, tps = engine_memory(run), {e["case"]: e["tp"] for e in run.manifest.engine_runs}
     on0 = mem[mem["gpu"] == 0].groupby(["case", "rank"])["MiB"].sum()
-    return {
-        case: {r: float(on0.get((case, r), 0.0))
-               for r in range(1, tps.get(case, 1))}
-        for case in sorted(set(mem["case"]))
-    }
+    ranks = {case: range(1, tps.get(case, 1)) for case in sorted(set(mem["case"]))}
+    return {case: {r: float(on0.get((case, r), 0.0)) for r in rs} for case, rs in ranks.items()}
 
 
 def engine_stray(run, case: str) -> tuple[int, float]:

@@ -77,10 +77,8 @@ class Processor:
 
         out = dict(self.tokenizer(text, return_tensors="pt"))
         if medias:
-            images = [
-                torch.from_numpy(np.asarray(m["image"].convert("RGB"))).permute(2, 0, 1)
-                for m in medias
-            ]
+            rgb = (np.asarray(m["image"].convert("RGB")) for m in medias)
+            images = [torch.from_numpy(a).permute(2, 0, 1) for a in rgb]
             pixels, grid, _ = rebuild.gpu_preprocess_images(images, "cpu")
             out.update(pixel_values=pixels, grid_thws=grid)
         return out
