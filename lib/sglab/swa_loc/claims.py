@@ -1,6 +1,5 @@
 """What every swa_loc run must show (see :mod:`sglab.core.claims`): four claims a reader checks,
-the instrument checks folded under the first, the review card, and the real engine's claims. A
-translation is 2 kernels (gather, int32 cast) in :data:`PR_ERA_RELEASES`, one gather from 0.5.13."""
+the instrument checks folded under the first, the review card, and the real engine's claims."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Optional
 from sglab.core import runs
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
-from sglab.core import engine_records, engine_stats
+from sglab.core import engine_records, engine_stats, kernel_table
 from sglab.core.text import count, span
 from sglab.swa_loc import model_config, show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
@@ -116,12 +115,9 @@ def _profiler_equals_static(run):
         f"{a['equal']}/{a['cells']} cells equal, max |profiler − static| = {a['max_abs_diff']}", a)
 
 
-def _trace_config(run) -> dict:
-    return run.manifest.params.get("trace_config") or {}
-
-
 def _traced(run) -> Optional[str]:
-    tc, p = _trace_config(run), run.manifest.params
+    p = run.manifest.params
+    tc = p.get("trace_config") or {}
     if not tc:
         return "the run's parameters name no trace_config"
     if tc.get("num_layers") not in p.get("layer_counts", []) or tc.get("swa_per_full") not in p.get(
@@ -131,8 +127,7 @@ def _traced(run) -> Optional[str]:
 
 
 def _sidecar(run, name: str):
-    table = run.sidecar(name)
-    if table is None:
+    if (table := run.sidecar(name)) is None:
         raise ValueError(f"the run lists no readable {name!r} sidecar")
     return table
 
@@ -140,12 +135,9 @@ def _sidecar(run, name: str):
 def _trace_equals_static(run):
     events = _sidecar(run, "events")
     nodes, _ = show.kernel_counts(run.df)
-    row = _at(nodes, _cell(_trace_config(run)))
+    row = _at(nodes, _cell(run.manifest.params.get("trace_config")))
     traced = show.trace_counts(events)
-    value = {
-        v: {"trace": traced.get(v, {}).get("kernels", 0), "static": int(row[v])}
-        for v in nodes
-    }
+    value = {v: dict(trace=traced.get(v, {}).get("kernels", 0), static=int(row[v])) for v in nodes}
     ok = all(x["trace"] == x["static"] for x in value.values())
     return holds(ok,
                  "; ".join(f"{v} {x['trace']} (static {x['static']})" for v, x in value.items()),
@@ -155,7 +147,7 @@ def _trace_equals_static(run):
 def _trace_translation(run):
     events, gk = _sidecar(run, "events"), _sidecar(run, "graph_kernels")
     names = show.translation_kernels(gk)
-    ratio, layers, _ = _cell(_trace_config(run))
+    ratio, layers, _ = _cell(run.manifest.params.get("trace_config"))
     n_swa = len(hybrid_layer_ids(layers, ratio)[0])
     traced = show.trace_counts(events, show.name_pattern(names))
     before, after = (traced.get(v, {}).get("matching", -1) for v in ("before", "pr24743"))
@@ -176,8 +168,6 @@ def _nsight_ran(run) -> Optional[str]:
 
 
 def _nsight_matches(run):
-    from sglab.core import kernel_table
-
     t = _sidecar(run, "eager_kernels")
     c = kernel_table.cross_check(t[t.backend == kernel_table.NSIGHT],
                                  t[t.backend == kernel_table.TORCH])
@@ -204,36 +194,34 @@ CLAIMS = [
                 _translate_calls),
             Claim(
                 "swa_loc.profiler_equals_static",
-                "torch.profiler sees as many kernels in one replay as the graph has "
-                "kernel nodes", "equal in every (layout, batch size, variant) cell",
-                _profiler_equals_static),
+                "torch.profiler sees as many kernels in one replay as the graph has kernel nodes",
+                "equal in every (layout, batch size, variant) cell", _profiler_equals_static),
             Claim(
                 "swa_loc.trace_equals_static",
-                "The traced replay of each variant has as many kernels as its graph "
-                "has kernel nodes", "equal for every variant", _trace_equals_static,
-                methods=(2, None), applies=_traced),
+                "The traced replay of each variant has as many kernels as its graph has kernel "
+                "nodes", "equal for every variant", _trace_equals_static, methods=(2, None),
+                applies=_traced),
             Claim(
                 "swa_loc.trace_translation_kernels",
                 "The kernels the preset removes are the translation's, once per SWA layer, and the "
                 "traced replay without the preset runs them in every SWA layer",
                 f"{EXTRA_PER_SWA_LAYER} kernel names × n_swa nodes; traced: n_swa × "
-                f"{EXTRA_PER_SWA_LAYER} "
-                "before, 0 after", _trace_translation, methods=(2, None), applies=_traced),
+                f"{EXTRA_PER_SWA_LAYER} before, 0 after", _trace_translation, methods=(2, None),
+                applies=_traced),
             Claim(
                 "swa_loc.nsight_matches_profiler",
-                "nsight-python and torch.profiler count the same kernels per op in "
-                "the eager decode step", "equal calls per (variant, op, kernel)", _nsight_matches,
+                "nsight-python and torch.profiler count the same kernels per op in the eager "
+                "decode step", "equal calls per (variant, op, kernel)", _nsight_matches,
                 methods=(2, None), applies=_nsight_ran))),
     Claim(
         "swa_loc.pad_bug_exact",
-        "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every "
-        "SWA layer; before "
-        "and #24743 overwrite none", "#23552: corrupted == predicted > 0; before, #24743: 0",
-        _pad_bug),
+        "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every SWA "
+        "layer; before and #24743 overwrite none",
+        "#23552: corrupted == predicted > 0; before, #24743: 0", _pad_bug),
     Claim(
         "swa_loc.kv_matches_eager",
-        "After one populated replay, the KV pool equals an eager reference that ran the "
-        "same batches", "0 differing (layer, slot) pairs", _kv_matches),
+        "After one populated replay, the KV pool equals an eager reference that ran the same "
+        "batches", "0 differing (layer, slot) pairs", _kv_matches),
     Claim("swa_loc.replay_ratio",
           "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
           f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25,
@@ -295,11 +283,8 @@ CARD = Card(
 def _engine_pair(run):
     df = engine_records.frame([run])
     ok = engine_stats.started(df)
-    per = {
-        k[2]: v
-        for k, v in engine_stats.texts(df, "decode_kernels_per_replay").items()
-        if k[1] == "0.5.11" and ok.get(k)
-    }
+    texts = engine_stats.texts(df, "decode_kernels_per_replay")
+    per = {k[2]: v for k, v in texts.items() if k[1] == "0.5.11" and ok.get(k)}
     return per if {"before", "released"} <= set(per) else None
 
 
@@ -322,7 +307,7 @@ def _engine_extra(run):
 
 
 def _replay_counts(run):
-    """Kernels per decode-graph replay of each variant that started (``lo``, ``hi``, ``starts``)."""
+    """Kernels per decode-graph replay of each variant that started."""
     d = engine_stats.numbers(engine_records.frame([run]), "decode_kernels_per_replay",
                              only_started=True)
     return d.dropna(subset=["value"])

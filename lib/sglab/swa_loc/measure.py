@@ -1,14 +1,11 @@
 """Measure the SWA location preset on a GPU: for each layout the three runners of
-:mod:`sglab.swa_loc.rebuild` capture a decode graph per batch size; rows per (variant, layout, batch
-size) of translations in capture, kernel nodes, profiled kernels, KV slots unlike an eager reference
-and replay times; the #24743 padding scenario; the sidecars ``events``, ``trace``, ``graph_kernels``
-and ``eager_kernels``. :func:`sweep` takes its probes and timer as arguments (the CPU tests)."""
+:mod:`sglab.swa_loc.rebuild` capture a decode graph per batch size; then the #24743 padding
+scenario and the profiler's sidecars. :func:`sweep` takes its probes and timer as arguments."""
 
 from __future__ import annotations
 
 import gc
 import tempfile
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -17,6 +14,7 @@ import pandas as pd
 import torch
 
 from sglab.core import kernel_table, runs, timing, trace
+from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
 from sglab.swa_loc import rebuild
 
 
@@ -30,44 +28,35 @@ DEFAULT_PARAMS: Dict[str, Any] = {
     "layer_counts": [12, 48], "swa_per_full": [5, 1], "batch_sizes": [1, 32, 128],
     "variants": list(rebuild.VARIANTS), "size": 4096, "size_swa": 2048, "head_num": 8,
     "head_dim": 128, "dtype": "bfloat16", "warmup": 10, "repeat": 60, "rounds": 3,
-    "pad_num_layers": 12, "trace_config": dict(HEADLINE_CONFIG), "eager_config": {
-        "num_layers": 12, "swa_per_full": 5, "batch_size": 32
-    }, "kernel_table_runs": 3, "seed": 0
+    "pad_num_layers": 12, "trace_config": dict(HEADLINE_CONFIG), "eager_config": dict(
+        num_layers=12, swa_per_full=5, batch_size=32), "kernel_table_runs": 3, "seed": 0
 }
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
-EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 location
-_FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}
 
 
 def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    return {
-        "variant": variant, **_FILL, **kw, "metric": metric, "value": float(value), "unit": unit
-    }
+    fill = dict.fromkeys(("num_layers", "swa_per_full", "n_swa_layers", "batch_size"), -1)
+    return {"variant": variant, **fill, **kw, "metric": metric, "value": float(value), "unit": unit}
 
 
 def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
     """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under ``p``."""
-    return dict({k: p[k]
-                 for k in ("size", "size_swa", "head_num", "head_dim", "seed")},
-                num_layers=num_layers, swa_per_full=swa_per_full, dtype=getattr(torch, p["dtype"]),
-                device=device)
+    kw = {k: p[k] for k in ("size", "size_swa", "head_num", "head_dim", "seed")}
+    return dict(kw, num_layers=num_layers, swa_per_full=swa_per_full,
+                dtype=getattr(torch, p["dtype"]), device=device)
 
 
 def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *,
                  seed: int = 0) -> Dict[int, rebuild.ForwardBatch]:
     """One decode batch per batch size, in order; identical on identically built setups."""
     g = torch.Generator().manual_seed(seed)
-    out = {}
-    for bs in batch_sizes:
-        ids = torch.randint(0, 1024, (bs,), generator=g).tolist()
-        seq_lens = torch.randint(2, 200, (bs,), generator=g).tolist()
-        out[bs] = rebuild.decode_batch(setup, ids, seq_lens)
-    return out
-
-
-def kv_mismatch_count(diff: Dict[int, List[int]]) -> int:
-    return sum(len(v) for v in diff.values())
+    return {  # for each batch size, its ids then its sequence lengths
+        bs: rebuild.decode_batch(setup,
+                                 torch.randint(0, 1024, (bs,), generator=g).tolist(),
+                                 torch.randint(2, 200, (bs,), generator=g).tolist())
+        for bs in batch_sizes
+    }
 
 
 # -- the #24743 padding scenario -------------------------------------------------------------------
@@ -76,10 +65,8 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
                      n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
                      head_dim: int = 16, size: int = 256, size_swa: int = 128,
                      dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Dict[str, Any]:
-    """Two decode steps through ``variant``'s runner against the same steps run eagerly: all
-    ``n_requests`` in one graph, then ``finished`` leave and step 2 is padded up to the same graph,
-    whose ``out_cache_loc_swa`` tail still holds live requests' SWA slots (corrupted where the
-    buffer is preset but not zeroed)."""
+    """Two decode steps through ``variant``'s runner against the same steps run eagerly, the second
+    padded: the tail still holds live requests' SWA slots."""
     cfg = rebuild.runner_config(variant)
     kw = dict(num_layers=num_layers, swa_per_full=swa_per_full, size=size, size_swa=size_swa,
               head_num=head_num, head_dim=head_dim, dtype=dtype, device=device, seed=seed)
@@ -115,14 +102,12 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     swa_ids, full_ids = graph_side.swa_layer_ids, graph_side.full_layer_ids
     matches = all(diff.get(lyr, []) == predicted
                   for lyr in swa_ids) and not any(lyr in diff for lyr in full_ids)
-    return {
-        "variant": variant, "bs_step1": bs1, "raw_bs_step2": raw_bs2, "bs_step2": bs2,
-        "stale_tail_swa_slots": stale, "stale_tail_owners": owners, "owners_still_running": [
-            r for r in owners if r in alive
-        ], "predicted_slots": predicted, "corrupted": diff, "swa_layer_ids": swa_ids,
-        "full_layer_ids": full_ids, "matches_prediction": bool(matches),
-        "n_corrupted": kv_mismatch_count(diff), "n_predicted": len(predicted) * len(swa_ids)
-    }
+    return dict(variant=variant, bs_step1=bs1, raw_bs_step2=raw_bs2, bs_step2=bs2,
+                stale_tail_swa_slots=stale, stale_tail_owners=owners, owners_still_running=[
+                    r for r in owners if r in alive
+                ], predicted_slots=predicted, corrupted=diff, swa_layer_ids=swa_ids,
+                full_layer_ids=full_ids, matches_prediction=bool(matches), n_corrupted=sum(
+                    map(len, diff.values())), n_predicted=len(predicted) * len(swa_ids))
 
 
 # -- the sweep -------------------------------------------------------------------------------------
@@ -133,80 +118,9 @@ def _cleanup(device) -> None:
         torch.cuda.empty_cache()
 
 
-def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], *,
-                       use_cuda_graph: bool, probes: Dict[str, Callable], rows: List[dict]) -> dict:
-    """Capture every variant on its own pool, check its KV writes against an eager reference."""
-    with timing.phase("correctness"):
-        ref = rebuild.build_setup(**kw)
-        ref_batches = make_batches(ref, batch_sizes, seed=p["seed"])
-        for bs in batch_sizes:
-            rebuild.forward_eager(ref.model, ref_batches[bs])
-    runners = {}
-    for v in p["variants"]:
-        with timing.phase("capture"):
-            s = rebuild.build_setup(**kw)
-            runner = rebuild.DecodeGraphRunner.for_variant(s.model, batch_sizes, v,
-                                                           use_cuda_graph=use_cuda_graph)
-            runner.capture()
-            for bs in batch_sizes:
-                rows += [
-                    _row(v, "translate_calls_capture", runner.capture_translate_calls[bs], "calls",
-                         batch_size=bs, **labels),
-                    _row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
-                         "kernels", batch_size=bs, **labels)
-                ]
-        with timing.phase("correctness"):
-            batches = make_batches(s, batch_sizes, seed=p["seed"])
-            for bs in batch_sizes:  # one populated replay per batch, in the reference's order
-                runner.replay(batches[bs])
-            if runner.use_cuda_graph:
-                torch.cuda.synchronize(runner.device)
-            diff = rebuild.pool_diff(s.pool, ref.pool)
-            rows.append(_row(v, "kv_mismatch_slots", kv_mismatch_count(diff), "slots", **labels))
-        runners[v] = runner
-    return runners
-
-
-def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int], *,
-                    probes: Dict[str, Callable], timer, rows: List[dict]) -> None:
-    """Replay time per (variant, bs) through ``interleaved``; then one profiled replay per cell."""
-    with timing.phase("timing"):
-        for bs in batch_sizes:
-            fns = {v: (lambda r=r: r.replay_graph(bs)) for v, r in runners.items()}
-            timings = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
-                                         repeat=int(p["repeat"]), timer=timer)
-            for v, t in timings.items():
-                rows.extend(t.rows(variant=v, batch_size=bs, **labels))
-    with timing.phase("profile"):
-        for v, runner in runners.items():
-            for bs in batch_sizes:
-                rows.append(
-                    _row(v, "profiled_kernels", probes["profiled_kernels"](runner, bs), "kernels",
-                         batch_size=bs, **labels))
-
-
-def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
-    rows = []
-    for v in p["variants"]:
-        with timing.phase("pad scenario"):
-            res = pad_bug_scenario(v, device=device, use_cuda_graph=use_cuda_graph,
-                                   num_layers=int(p["pad_num_layers"]),
-                                   dtype=getattr(torch, p["dtype"]), seed=p["seed"])
-        labels = dict(num_layers=int(p["pad_num_layers"]), swa_per_full=5,
-                      n_swa_layers=len(res["swa_layer_ids"]), batch_size=res["bs_step2"])
-        rows.append(_row(v, "pad_corrupted_slots", res["n_corrupted"], "slots", **labels))
-        rows.append(_row(v, "pad_predicted_slots", res["n_predicted"], "slots", **labels))
-        rows.append(
-            _row(v, "pad_matches_prediction", int(res["matches_prediction"]), "bool", **labels))
-        _cleanup(device)
-    return rows
-
-
 def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable], timer,
-          progress: bool = True, on_trace: Optional[Callable[[dict, dict, int],
-                                                             None]] = None) -> List[dict]:
-    """Rows of the sweep and of the padding scenario; ``probes``: {metric: fn(runner, bs)},
-    ``on_trace(runners, labels, bs)`` once, at ``p["trace_config"]``'s layout."""
+          progress: bool = True, on_trace: Optional[Callable] = None) -> List[dict]:
+    """Rows of the sweep and the padding scenario; ``on_trace(runners, labels, bs)`` once."""
     p = {**DEFAULT_PARAMS, **p}
     batch_sizes = sorted(int(b) for b in p["batch_sizes"])
     torch.manual_seed(p["seed"])
@@ -219,29 +133,70 @@ def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable],
         kw = setup_kwargs(p, L, ratio, device)
         labels = dict(num_layers=L, swa_per_full=ratio,
                       n_swa_layers=len(rebuild.hybrid_layer_ids(L, ratio)[0]))
-        runners = _capture_and_check(p, kw, labels, batch_sizes, use_cuda_graph=use_cuda_graph,
-                                     probes=probes, rows=rows)
-        _time_and_count(p, runners, labels, batch_sizes, probes=probes, timer=timer, rows=rows)
+        # every variant captured on its own pool, its KV writes checked against an eager reference
+        with timing.phase("correctness"):
+            ref = rebuild.build_setup(**kw)
+            ref_batches = make_batches(ref, batch_sizes, seed=p["seed"])
+            for bs in batch_sizes:
+                rebuild.forward_eager(ref.model, ref_batches[bs])
+        runners = {}
+        for v in p["variants"]:
+            with timing.phase("capture"):
+                s = rebuild.build_setup(**kw)
+                runner = rebuild.DecodeGraphRunner.for_variant(s.model, batch_sizes, v,
+                                                               use_cuda_graph=use_cuda_graph)
+                runner.capture()
+                for bs in batch_sizes:
+                    rows += [
+                        _row(v, "translate_calls_capture", runner.capture_translate_calls[bs],
+                             "calls", batch_size=bs, **labels),
+                        _row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
+                             "kernels", batch_size=bs, **labels)
+                    ]
+            with timing.phase("correctness"):
+                batches = make_batches(s, batch_sizes, seed=p["seed"])
+                for bs in batch_sizes:  # one populated replay per batch, in the reference's order
+                    runner.replay(batches[bs])
+                if runner.use_cuda_graph:
+                    torch.cuda.synchronize(runner.device)
+                diff = rebuild.pool_diff(s.pool, ref.pool)
+                rows.append(
+                    _row(v, "kv_mismatch_slots", sum(map(len, diff.values())), "slots", **labels))
+            runners[v] = runner
+        with timing.phase("timing"):
+            for bs in batch_sizes:
+                fns = {v: (lambda r=r: r.replay_graph(bs)) for v, r in runners.items()}
+                timings = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
+                                             repeat=int(p["repeat"]), timer=timer)
+                for v, t in timings.items():
+                    rows.extend(t.rows(variant=v, batch_size=bs, **labels))
+        with timing.phase("profile"):  # one profiled replay per cell
+            rows += [
+                _row(v, "profiled_kernels", probes["profiled_kernels"](runner, bs), "kernels",
+                     batch_size=bs, **labels) for v, runner in runners.items() for bs in batch_sizes
+            ]
         if on_trace is not None and (tc.get("num_layers"), tc.get("swa_per_full")) == (L, ratio) \
                 and tc.get("batch_size") in batch_sizes:
             on_trace(runners, labels, int(tc["batch_size"]))
         del runners
         _cleanup(device)
-    rows.extend(_pad_rows(p, device=device, use_cuda_graph=use_cuda_graph))
+    for v in p["variants"]:
+        with timing.phase("pad scenario"):
+            res = pad_bug_scenario(v, device=device, use_cuda_graph=use_cuda_graph,
+                                   num_layers=int(p["pad_num_layers"]),
+                                   dtype=getattr(torch, p["dtype"]), seed=p["seed"])
+        labels = dict(num_layers=int(p["pad_num_layers"]), swa_per_full=5,
+                      n_swa_layers=len(res["swa_layer_ids"]), batch_size=res["bs_step2"])
+        rows += [
+            _row(v, "pad_corrupted_slots", res["n_corrupted"], "slots", **labels),
+            _row(v, "pad_predicted_slots", res["n_predicted"], "slots", **labels),
+            _row(v, "pad_matches_prediction", int(res["matches_prediction"]), "bool", **labels)
+        ]
+        _cleanup(device)
     return rows
 
 
 # -- profiler passes (GPU), separate from the timed ones -------------------------------------------
-def gpu_probes() -> dict:
-    from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
-
-    return {
-        "graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
-        "profiled_kernels": lambda runner, bs: len(profiled_kernels(lambda: runner.replay_graph(bs))
-                                                   )
-    }
-
-
 def reduce_events(events):
     """The events of the ``replay <variant>`` phases with a ``variant`` column, host ops dropped."""
     ev = events[events.phase.str.startswith(TRACE_PHASE) & (events.category != "op")].copy()
@@ -249,19 +204,8 @@ def reduce_events(events):
     return ev.reset_index(drop=True)
 
 
-def graph_kernel_names(runners: dict, bs: int):
-    """Kernel nodes of each variant's ``bs`` graph by (demangled) name: variant, kernel, nodes."""
-    from sglab.core.kernels import graph_kernel_nodes
-
-    rows = []
-    for v, r in runners.items():
-        counts = Counter(kernel_table.demangle(n) for n in graph_kernel_nodes(r.graphs[bs]).names)
-        rows.extend({"variant": v, "kernel": k, "nodes": n} for k, n in counts.items())
-    return pd.DataFrame(rows, columns=["variant", "kernel", "nodes"])
-
-
 def traced_pass(runners: dict, bs: int) -> dict:
-    """The sidecars: one profiled replay per variant, synchronised inside its phase."""
+    """The sidecars: one profiled replay per variant, and each graph's kernel nodes by name."""
     with timing.phase("trace"):
         path = Path(tempfile.mkdtemp(prefix="sglab-swa_loc-")) / "replays.trace.json.gz"
         with trace.Recorder(perfetto=path) as rec:
@@ -273,10 +217,11 @@ def traced_pass(runners: dict, bs: int) -> dict:
                 with trace.phase(TRACE_PHASE + v):
                     r.replay_graph(bs)
                     torch.cuda.synchronize()
-        return {
-            "events": reduce_events(rec.events), "trace": path,
-            "graph_kernels": graph_kernel_names(runners, bs)
-        }
+        names = pd.DataFrame([(v, kernel_table.demangle(n)) for v, r in runners.items()
+                              for n in graph_kernel_nodes(r.graphs[bs]).names],
+                             columns=["variant", "kernel"])
+        kernels = names.groupby(["variant", "kernel"], sort=False).size().reset_index(name="nodes")
+        return {"events": reduce_events(rec.events), "trace": path, "graph_kernels": kernels}
 
 
 @contextmanager
@@ -298,16 +243,13 @@ def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
 def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
     """{variant: step(mode)} of the two eager decode steps (``before`` clears an earlier one)."""
 
-    def before(mode):
-        setup.pool.set_swa_loc(None)
+    def step(mode, preset: bool):
+        if not preset:
+            setup.pool.set_swa_loc(None)
         with kv_write_scopes(setup.pool, mode):
-            rebuild.forward_eager(setup.model, batch, use_precomputed_swa_loc=False)
+            rebuild.forward_eager(setup.model, batch, use_precomputed_swa_loc=preset)
 
-    def after(mode):
-        with kv_write_scopes(setup.pool, mode):
-            rebuild.forward_eager(setup.model, batch, use_precomputed_swa_loc=True)
-
-    return dict(zip(EAGER_VARIANTS, (before, after)))
+    return {"before": lambda mode: step(mode, False), "pr24743": lambda mode: step(mode, True)}
 
 
 def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
@@ -335,19 +277,15 @@ def eager_kernel_tables(p: dict, device) -> tuple:
     with timing.phase("eager kernel table: torch.profiler"):
         tp = kernel_table.torch_table(steps, runs=runs_)
     table = pd.concat([t for t in (ns, tp) if t is not None], ignore_index=True)
-    info = {
-        "config": dict(tc), "runs": runs_, "backends": sorted(set(table.backend)),
-        "nsight": "ran" if ns is not None else "did not run", "nsight_reason": reason
-    }
-    return table, info
+    return table, dict(config=dict(tc), runs=runs_, backends=sorted(set(table.backend)),
+                       nsight="ran" if ns is not None else "did not run", nsight_reason=reason)
 
 
 # -- the GPU run -----------------------------------------------------------------------------------
 def check_params(p: dict) -> dict:
     """Merged parameters, with one-line errors for values the sweep cannot use."""
     p = {**DEFAULT_PARAMS, **(p or {})}
-    unknown = sorted(set(p["variants"]) - set(rebuild.VARIANTS))
-    if unknown:
+    if unknown := sorted(set(p["variants"]) - set(rebuild.VARIANTS)):
         raise ValueError(f"unknown variant(s) {unknown}; expected some of {list(rebuild.VARIANTS)}")
     if p["dtype"] not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {p['dtype']!r}")
@@ -370,10 +308,12 @@ def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measure
         torch.ones(1, device=device).sum().item()
     with timing.phase("eager kernel table"):
         eager, eager_info = eager_kernel_tables(p, device)
+    probes = dict(
+        graph_kernel_nodes=lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
+        profiled_kernels=lambda runner, bs: len(profiled_kernels(lambda: runner.replay_graph(bs))))
     traced: dict = {}
-    rows = sweep(p, device=device, use_cuda_graph=True, probes=gpu_probes(), timer=None,
+    rows = sweep(p, device=device, use_cuda_graph=True, probes=probes, timer=None,
                  progress=progress,
                  on_trace=lambda r, labels, bs: traced.update(traced_pass(r, bs)))
-    sidecars = {"eager_kernels": eager, **traced}
-    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars,
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars={"eager_kernels": eager, **traced},
                          extra={"eager_kernels": eager_info})

@@ -1,6 +1,5 @@
 """Your own model for notebook 04: its sliding-window layout -> what #23552's location preset
-saves per decode step (``sglab swa-cost``, the notebook's "your own setup" and its card), priced
-with the per-SWA-layer costs of the recorded runs."""
+saves per decode step (``sglab swa-cost``), priced with the recorded runs' per-SWA-layer costs."""
 
 from __future__ import annotations
 
@@ -38,15 +37,9 @@ class Layout:
     def n_swa(self) -> int:
         return len(self.swa_layers)
 
-    @property
-    def n_full(self) -> int:
-        return self.num_layers - self.n_swa
-
 
 def layout(cfg: dict, source: str = "config") -> Layout:
-    """The sliding-window layout of a config dict (a nested ``text_config`` read first):
-    ``layer_types``, ``sliding_window_pattern`` N (every N-th layer full) or ``use_sliding_window``
-    + ``max_window_layers``. :class:`ConfigError` when it has none or only one kind of layer."""
+    """The sliding-window layout of a config dict (:class:`ConfigError` where it is not hybrid)."""
     c = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
     n = c.get("num_hidden_layers")
     if not isinstance(n, int) or n < 1:
@@ -123,19 +116,18 @@ def measured_costs() -> list:
 
 
 def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
-    """Per GPU model with a recorded run: extra kernels and µs per decode step without the preset
-    (the cost at the nearest measured batch size), and the int64 buffer's waste (4 bytes a slot)."""
+    """Per recorded GPU model: extra kernels and µs per decode step without the preset."""
     import pandas as pd
 
     costs = measured_costs() if costs is None else costs
-    rows = []
+    rows, n_full = [], lay.num_layers - lay.n_swa
     for c in costs:
         bs = min(c.us_per_swa_layer, key=lambda b: (abs(b - batch_size), b))
-        kernels_, us = c.extra_kernels_per_swa_layer * lay.n_swa, c.us_per_swa_layer[bs] * lay.n_swa
+        kernels_ = round(c.extra_kernels_per_swa_layer * lay.n_swa, 1)
+        us = round(c.us_per_swa_layer[bs] * lay.n_swa, 1)
         rows.append({
-            "GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
-            "extra kernels per decode step": round(kernels_, 1),
-            f"extra µs per decode step (bs {bs})": round(us, 1),
+            "GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": n_full,
+            "extra kernels per decode step": kernels_, f"extra µs per decode step (bs {bs})": us,
             "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run
         })
     df = text.counts(pd.DataFrame(rows), ["extra kernels per decode step"], where_whole=True)
@@ -162,24 +154,19 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
 
 
 def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
-    """``{"swa_layers", "kernels", "us"}`` a decode step of ``layers`` layers (``swa_per_full`` SWA
-    per full layer) at ``batch_size`` pays without the preset, at ``run``'s costs."""
+    """What a decode step pays without the preset, at ``run``'s costs."""
     row = pattern_table(layers, swa_per_full, batch_size, costs=[layer_cost(run)]).iloc[0]
-    return {
-        "swa_layers": int(row["SWA layers"]),
-        "kernels": float(row["extra kernels per decode step"]),
-        "us": float(row["extra µs per decode step"])
-    }
+    return dict(swa_layers=int(row["SWA layers"]),
+                kernels=float(row["extra kernels per decode step"]),
+                us=float(row["extra µs per decode step"]))
 
 
 def your_setup(interactive: bool = False):
     """Layers, SWA layers per full one, batch size, slots -> what a decode step pays."""
     static = [{**LAYOUT, "max_bs": 256},
-              {"layers": 48, "swa_per_full": 3, "batch_size": 32,
-               "max_bs": 256}, {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]
-    return notebook.explore(
-        pattern_table, {
-            "layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
-            "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]
-        }, static=static, title="Your model: what the SWA location preset saves per decode step",
-        interactive=interactive)
+              dict(layers=48, swa_per_full=3, batch_size=32, max_bs=256),
+              dict(layers=24, swa_per_full=1, batch_size=1, max_bs=256)]
+    choices = dict(layers=[8, 16, 24, 32, 48, 62, 80], swa_per_full=[1, 2, 3, 5, 7],
+                   batch_size=[1, 8, 32, 128, 256], max_bs=[64, 128, 256, 512])
+    return notebook.explore(pattern_table, choices, static=static, interactive=interactive,
+                            title="Your model: what the SWA location preset saves per decode step")

@@ -1,6 +1,6 @@
 """The SWA location preset in real SGLang: the fix's record ``FIX``, its source check, its CPU probe
-(the released pool, allocator and decode buffers write one decode step, in a release's worker), the
-engine scenario, the code path, and the real answers beside the rebuild's (:func:`compare`)."""
+(in a release's worker), the engine scenario, the code path, and the real answers beside the
+rebuild's (:func:`compare`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import inspect
 import types
 
 from sglab.core import lazy
+from sglab.sglang import bootstrap
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -89,28 +90,22 @@ def check(read) -> Verdict:
 # -- the CPU probe (inside one release's worker process) -------------------------------------------
 SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
 HEAD_NUM, HEAD_DIM = 2, 4
-PRESET_CASE = {
-    "set_swa_loc": "set_swa_loc() before the layers",
-    "swa_loc_arg": "swa_loc= passed to each write", "write_loc": "KVWriteLoc carrying swa_loc"
-}
+PRESET_CASE = dict(set_swa_loc="set_swa_loc() before the layers",
+                   swa_loc_arg="swa_loc= passed to each write",
+                   write_loc="KVWriteLoc carrying swa_loc")
 
 
 def kwargs_for(fn, values: dict) -> dict:
     """The subset of ``values`` that ``fn`` accepts (signatures differ between releases)."""
     params = inspect.signature(fn).parameters
-    missing = [
-        n for n, p in params.items()
-        if p.default is p.empty and p.kind is p.KEYWORD_ONLY and n not in values
-    ]
-    if missing:
+    required = [n for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY]
+    if missing := [n for n in required if n not in values]:
         raise TypeError(f"{fn.__qualname__} needs {missing}, which this probe does not know")
     return {k: v for k, v in values.items() if k in params}
 
 
 def build_pool(prepared, device: str = "cpu"):
     """The release's (pool, allocator): 16 full and 6 SWA slots, float32, SWA layers 0, 2 of 4."""
-    from sglab.sglang import bootstrap
-
     swa = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.swa_memory_pool")
     alloc_mod = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
         bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.allocator.swa")
@@ -126,15 +121,13 @@ def build_pool(prepared, device: str = "cpu"):
 
 
 def _write_step(prepared, mode: str, device: str) -> dict:
-    """One decode step of 3 tokens through all 4 layers; ``mode``: ``no_swa_loc``, ``set_swa_loc``
-    (PR-era: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each write) or
-    ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
+    """One decode step of 3 tokens through all 4 layers, the SWA location given as ``mode`` says
+    (PR-era: set before the layers; 0.5.13: passed to each write; 0.5.2x: a ``KVWriteLoc``)."""
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
     calls, translate = [], pool.translate_loc_from_full_to_swa  # the pool's own and a caller's
-    pool.translate_loc_from_full_to_swa = lambda kv_indices: calls.append(1) or translate(kv_indices
-                                                                                          )
+    pool.translate_loc_from_full_to_swa = lambda indices: calls.append(1) or translate(indices)
     k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(
         3, HEAD_NUM, HEAD_DIM) + 1
     target, error, extra = loc, None, {}
@@ -155,10 +148,8 @@ def _write_step(prepared, mode: str, device: str) -> dict:
         error = f"AssertionError: {exc}".strip().rstrip(":")
     landed = None if error else bool(torch.equal(pool.swa_kv_pool.k_buffer[0][swa_slots], k))
     n_calls = len(calls)  # before the translation below, which only reads the dtype
-    return {
-        "translate_calls": n_calls, "error": error, "swa_rows_at_paired_slots": landed,
-        "translate_dtype": _dtype(allocator.translate_loc_from_full_to_swa(loc))
-    }
+    return dict(translate_calls=n_calls, error=error, swa_rows_at_paired_slots=landed,
+                translate_dtype=_dtype(allocator.translate_loc_from_full_to_swa(loc)))
 
 
 def _rows(part: str, case: str, values: dict) -> list:
@@ -167,18 +158,6 @@ def _rows(part: str, case: str, values: dict) -> list:
 
 def _dtype(tensor) -> str:
     return str(tensor.dtype).replace("torch.", "")
-
-
-def pool_rows(prepared, device: str) -> list:
-    pool, _ = build_pool(prepared, device)
-    modes = ["no_swa_loc"] + (["set_swa_loc"] if hasattr(pool, "set_swa_loc") else [])
-    write_params = inspect.signature(pool.set_kv_buffer).parameters
-    modes += (["swa_loc_arg"] if "swa_loc" in write_params else []) + \
-             (["write_loc"] if "loc_info" in write_params else [])
-    rows = _rows("pool", "has_set_swa_loc", {"value": hasattr(pool, "set_swa_loc")})
-    for mode in modes:
-        rows += _rows("pool", mode, _write_step(prepared, mode, device))
-    return rows
 
 
 def dispatched_ops(fn, *args) -> list:
@@ -199,42 +178,21 @@ def dispatched_ops(fn, *args) -> list:
     return ops
 
 
-def translation_rows(prepared, device: str) -> list:
-    """One translation of 3 full slots: its aten ops, the mapping's dtype, the ``return`` line."""
-    pool, allocator = build_pool(prepared, device)
-    loc = allocator.alloc(3)
-    fn = pool.translate_loc_from_full_to_swa
-    source = [
-        ln.strip() for ln in inspect.getsource(fn).splitlines() if ln.strip().startswith("return ")
-    ]
-    mapping = getattr(pool, "full_to_swa_index_mapping", None)
-    values = {
-        "ops": dispatched_ops(fn, loc),
-        "mapping_dtype": _dtype(mapping) if mapping is not None else None,
-        "source": source[-1] if source else None
-    }
-    return _rows("translation", "pool", values)
-
-
 def _forward_batch(out_cache_loc_swa, n: int, device: str):
     i64, arange = torch.zeros(n, dtype=torch.int64, device=device), torch.arange(1, n + 1)
     int32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     unused = ("mrope_positions", "encoder_lens", "mamba_track_indices", "mamba_track_mask",
               "ngram_embedding_info")
-    fields = {
-        "input_ids": i64.clone(), "req_pool_indices": i64.clone(), "positions": i64.clone(),
-        "seq_lens": int32([5] * n), "seq_lens_cpu": torch.full(
-            (n,), 5, dtype=torch.int32), "out_cache_loc": arange.to(device),
-        "out_cache_loc_swa": int32(out_cache_loc_swa), "num_token_non_padded": int32([n])
-    }
-    return types.SimpleNamespace(**fields, **dict.fromkeys(unused))
+    return types.SimpleNamespace(
+        input_ids=i64.clone(), req_pool_indices=i64.clone(), positions=i64.clone(),
+        seq_lens=int32([5] * n), seq_lens_cpu=torch.full(
+            (n,), 5, dtype=torch.int32), out_cache_loc=arange.to(device),
+        out_cache_loc_swa=int32(out_cache_loc_swa), num_token_non_padded=int32([n]),
+        **dict.fromkeys(unused))
 
 
 def buffer_rows(prepared, device: str) -> list:
-    """``DecodeInputBuffers``: the field's dtype and its padded tail after a full populate (SWA
-    slots 11..14), then a padded one (2 real tokens into the 4-token graph)."""
-    from sglab.sglang import bootstrap
-
+    """``DecodeInputBuffers``: its dtype and padded tail after a full, then a padded populate."""
     cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
     dib = getattr(cgr, "DecodeInputBuffers", None)
     has_field = dib is not None and "out_cache_loc_swa" in getattr(dib, "__annotations__", {})
@@ -248,29 +206,42 @@ def buffer_rows(prepared, device: str) -> list:
              require_mlp_tp_gather=False, seq_len_fill_value=1, encoder_len_fill_value=0,
              num_tokens_per_bs=1, cache_loc_dtype=torch.int64, enable_mamba_track=False,
              ne_token_table=None, is_hybrid_swa=True)))
-    populate = dict(raw_num_token=None, seq_len_fill_value=1, require_gathered_buffer=False,
-                    num_tokens_per_bs=1, nsa_enable_prefill_cp=False,
-                    enable_num_token_non_padded_flag=False, pp_proxy_tensors=None)
+    populate = dict(seq_len_fill_value=1, require_gathered_buffer=False, num_tokens_per_bs=1,
+                    nsa_enable_prefill_cp=False, enable_num_token_non_padded_flag=False,
+                    pp_proxy_tensors=None)
     for swa, raw_bs in (([11, 12, 13, 14], 4), ([21, 22], 2)):
-        args = {
-            **populate, "forward_batch": _forward_batch(swa, raw_bs, device), "raw_bs": raw_bs,
-            "raw_num_token": raw_bs, "bs": 4
-        }
+        args = dict(populate, forward_batch=_forward_batch(swa, raw_bs, device), raw_bs=raw_bs,
+                    raw_num_token=raw_bs, bs=4)
         buf.populate_from_forward_batch(**kwargs_for(buf.populate_from_forward_batch, args))
     swa = buf.out_cache_loc_swa
     return rows + _rows(
-        "buffers", "decode", {
-            "dtype": _dtype(swa), "padded_tail_after_padded_populate": swa[2:4].tolist(),
-            "real_part_after_padded_populate": swa[:2].tolist()
-        })
+        "buffers", "decode",
+        dict(dtype=_dtype(swa), padded_tail_after_padded_populate=swa[2:4].tolist(),
+             real_part_after_padded_populate=swa[:2].tolist()))
 
 
 def probe(prepared, params: dict) -> list:
-    """Rows ``part, case, metric, value``: the pool, one translation, the decode buffers (on
-    ``params["device"]``, else CUDA where torch sees it: SGLang's CUDA paths expect it there)."""
+    """Rows ``part, case, metric, value``: the pool, one translation, the decode buffers."""
     device = params.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    rows = _rows("pool", "device", {"value": device}) + pool_rows(prepared, device)
-    rows += translation_rows(prepared, device)
+    pool, allocator = build_pool(prepared, device)
+    modes = ["no_swa_loc"] + (["set_swa_loc"] if hasattr(pool, "set_swa_loc") else [])
+    write_params = inspect.signature(pool.set_kv_buffer).parameters
+    modes += (["swa_loc_arg"] if "swa_loc" in write_params else []) + \
+             (["write_loc"] if "loc_info" in write_params else [])
+    rows = _rows("pool", "device", {"value": device})
+    rows += _rows("pool", "has_set_swa_loc", {"value": hasattr(pool, "set_swa_loc")})
+    for mode in modes:
+        rows += _rows("pool", mode, _write_step(prepared, mode, device))
+    # one translation of 3 full slots: its aten ops, the mapping's dtype, the ``return`` line
+    fn, mapping = pool.translate_loc_from_full_to_swa, getattr(pool, "full_to_swa_index_mapping",
+                                                               None)
+    source = [ln.strip() for ln in inspect.getsource(fn).splitlines()]
+    source = [ln for ln in source if ln.startswith("return ")]
+    rows += _rows(
+        "translation", "pool",
+        dict(ops=dispatched_ops(fn, allocator.alloc(3)),
+             mapping_dtype=_dtype(mapping) if mapping is not None else None,
+             source=source[-1] if source else None))
     if not params.get("pool_only") and has_file(prepared,
                                                 "srt/model_executor/cuda_graph_runner.py"):
         rows += buffer_rows(prepared, device)
@@ -298,22 +269,17 @@ ENGINE = (Scenario(
     expect="before: the translation's gather and int32 cast in every SWA layer of every replay, 2 "
     "kernels per SWA layer more than 0.5.11 released"),)
 
+_BUFFERS = ("DecodeInputBuffers.create", "DecodeInputBuffers.populate_from_forward_batch")
 FIX = Fix(
     name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
     title="SWA location preset before decode-graph capture (#23552, #24743)", check=check,
     lacking=("#24743 not yet", "partly fixed (#23552 without #24743: padded tokens can write "
              "into live SWA slots)"),
-    hunks=(Spec(
-        23552,
-        symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
-                   "DecodeInputBuffers.populate_from_forward_batch",
-                   "CudaGraphRunner.capture_one_batch_size")),
-           Spec(
-               24743,
-               symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
-                          "DecodeInputBuffers.populate_from_forward_batch"),
-               first_with=swa_padding_zeroed)), probe=Probe("sglab.swa_loc.sglang:probe",
-                                                            PROBE_RELEASES), engine=ENGINE)
+    hunks=(Spec(23552, symbols_in(DECODE_RUNNER, *_BUFFERS,
+                                  "CudaGraphRunner.capture_one_batch_size")),
+           Spec(24743, symbols_in(DECODE_RUNNER, *_BUFFERS),
+                first_with=swa_padding_zeroed)), probe=Probe("sglab.swa_loc.sglang:probe",
+                                                             PROBE_RELEASES), engine=ENGINE)
 
 # a decode step's SWA write in the release with both PRs, from the batch to the pool
 CODE_PATH_RELEASE = "0.5.12.post1"
@@ -348,10 +314,8 @@ def rebuild_write(preset: bool) -> dict:
     k = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4) + 1
     for layer in range(4):
         pool.set_kv_buffer(layer, loc, k * (layer + 1), -k)
-    return {
-        "translate_calls": pool.translate_calls,
-        "landed": bool(torch.equal(pool.buffers(0)[0][swa_slots], k))
-    }
+    return dict(translate_calls=pool.translate_calls,
+                landed=bool(torch.equal(pool.buffers(0)[0][swa_slots], k)))
 
 
 def rebuild_translation_ops() -> list:
@@ -376,47 +340,44 @@ def rebuild_buffer(variant: str):
     return _dtype(buf.out_cache_loc_swa), buf.out_cache_loc_swa[2:4].tolist()
 
 
-def release_rows(release: str, result) -> list:
-    """The comparable behaviours of one release, each beside the rebuild's (or the claims')."""
-    pr_era, rows = release in PR_ERA_RELEASES, []
-    unset, preset = real.facts(result, part="pool", case="no_swa_loc"), rebuild_write(True)
-    if unset.get("error") is None:
-        rows.append(
-            real.row(release, "translations in one write, location not preset (2 SWA layers)",
-                     unset.get("translate_calls"), "rebuild: before",
-                     rebuild_write(False)["translate_calls"]))
-    for case, how in PRESET_CASE.items():
-        got = real.facts(result, part="pool", case=case)
-        if got.get("translate_calls") is not None:
-            rows += [
-                real.row(release, f"translations in the layers, {how}", got["translate_calls"],
-                         "rebuild: #23552 / #24743", preset["translate_calls"]),
-                real.row(release, f"SWA rows at the allocator's paired slots, {how}",
-                         got.get("swa_rows_at_paired_slots"), "rebuild: #23552 / #24743",
-                         preset["landed"])
-            ]
-    ops = real.facts(result, part="translation", case="pool").get("ops") or []
-    rows.append(
-        real.row(
-            release, f"kernels per translation "
-            f"({' + '.join(o.removeprefix('aten::') for o in ops)})", len(ops),
-            "rebuild's translation" if pr_era else "claims: today's translation",
-            len(rebuild_translation_ops()) if pr_era else KERNELS_PER_TRANSLATION_TODAY))
-    if release in BUFFER_VARIANT:
-        buf, want = real.facts(result, part="buffers",
-                               case="decode"), rebuild_buffer(BUFFER_VARIANT[release])
-        got = ((buf.get("dtype"), buf.get("padded_tail_after_padded_populate"))
-               if buf.get("has_out_cache_loc_swa") else None)
-        rows.append(
-            real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)", got,
-                     f"rebuild: {BUFFER_VARIANT[release]}",
-                     tuple(want) if want else None))
-    return rows
-
-
 def comparison(results: dict):
-    """One row per (release, behaviour) of the releases that ran."""
-    return real.table([r for v, res in real.ran(results).items() for r in release_rows(v, res)])
+    """One row per (release, behaviour) of the releases that ran, beside the rebuild's."""
+    rows = []
+    for release, result in real.ran(results).items():
+        pr_era = release in PR_ERA_RELEASES
+        unset, preset = real.facts(result, part="pool", case="no_swa_loc"), rebuild_write(True)
+        if unset.get("error") is None:
+            rows.append(
+                real.row(release, "translations in one write, location not preset (2 SWA layers)",
+                         unset.get("translate_calls"), "rebuild: before",
+                         rebuild_write(False)["translate_calls"]))
+        for case, how in PRESET_CASE.items():
+            got = real.facts(result, part="pool", case=case)
+            if got.get("translate_calls") is not None:
+                rows += [
+                    real.row(release, f"translations in the layers, {how}", got["translate_calls"],
+                             "rebuild: #23552 / #24743", preset["translate_calls"]),
+                    real.row(release, f"SWA rows at the allocator's paired slots, {how}",
+                             got.get("swa_rows_at_paired_slots"), "rebuild: #23552 / #24743",
+                             preset["landed"])
+                ]
+        ops = real.facts(result, part="translation", case="pool").get("ops") or []
+        rows.append(
+            real.row(
+                release, f"kernels per translation "
+                f"({' + '.join(o.removeprefix('aten::') for o in ops)})", len(ops),
+                "rebuild's translation" if pr_era else "claims: today's translation",
+                len(rebuild_translation_ops()) if pr_era else KERNELS_PER_TRANSLATION_TODAY))
+        if release in BUFFER_VARIANT:
+            buf, want = real.facts(result, part="buffers",
+                                   case="decode"), rebuild_buffer(BUFFER_VARIANT[release])
+            got = ((buf.get("dtype"), buf.get("padded_tail_after_padded_populate"))
+                   if buf.get("has_out_cache_loc_swa") else None)
+            rows.append(
+                real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)", got,
+                         f"rebuild: {BUFFER_VARIANT[release]}",
+                         tuple(want) if want else None))
+    return real.table(rows)
 
 
 def compare() -> None:

@@ -1,6 +1,5 @@
 """Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live; a NoRun
-says its one line): the tables the claims read, the mechanism, the GPU sections' figures, the real
-engine's ``VIEW`` and :func:`beside_rows`. Your own model lives in :mod:`.model_config`."""
+says its one line): the tables the claims read, the mechanism, the figures, the real engine's."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from collections import Counter
 from typing import Dict, Optional
 
 import pandas as pd
+from matplotlib.ticker import FixedLocator, ScalarFormatter
 
 from sglab.core import notebook, plots, text
 from sglab.core import engine_records, engine_stats, engine_view
@@ -18,22 +18,18 @@ from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
 from sglab.swa_loc.model_config import your_setup  # noqa: F401 (the notebook's last cell)
 
 
-VARIANT_LABELS = {
-    "before": "before (translate inside the graph)", "pr23552": "#23552 (preset, int64 buffer)",
-    "pr24743": "#24743 (preset, int32, zeroed on pad)"
-}
-COLORS = {
-    "before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"],
-    "pr24743": plots.PALETTE["after"]
-}
+VARIANT_LABELS = dict(before="before (translate inside the graph)",
+                      pr23552="#23552 (preset, int64 buffer)",
+                      pr24743="#24743 (preset, int32, zeroed on pad)")
+COLORS = dict(before=plots.PALETTE["before"], pr23552=plots.PALETTE["accent"],
+              pr24743=plots.PALETTE["after"])
 STYLES = ["-", "--", ":", "-."]
 _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
 
 
 # -- tables of a run -------------------------------------------------------------------------------
 def variants_table() -> pd.DataFrame:
-    """The three states of the one switch (:func:`rebuild.runner_config`), a setting a state does
-    not have (the "before" has no SWA buffer) as "—"."""
+    """The three states of the one switch (:func:`rebuild.runner_config`), a missing setting "—"."""
     df = pd.DataFrame([{"variant": v, **vars(rebuild.runner_config(v))} for v in rebuild.VARIANTS
                        ]).set_index("variant")
     return df.astype(object).where(df.notna(), "—")
@@ -61,8 +57,7 @@ def extra_per_swa_layer(df):
 
 
 def kernel_table(df):
-    """One row per layout: each variant's kernel nodes (equal for every batch size?), the extra per
-    SWA layer, whether the profiler saw as many, translate calls in capture."""
+    """One row per layout: each variant's kernel nodes, the extra per SWA layer, the checks."""
     nodes, prof = kernel_counts(df)
     d = sweep_rows(df)
     calls = d[d.metric == "translate_calls_capture"].pivot_table(index=_CFG, columns="variant",
@@ -84,10 +79,8 @@ def profiler_agreement(df) -> Dict[str, int]:
     """How many (layout, batch size, variant) cells count alike both ways; the widest gap."""
     nodes, prof = kernel_counts(df)
     gap = (prof - nodes).abs()
-    return {
-        "cells": int(gap.size), "equal": int((gap == 0).sum().sum()),
-        "max_abs_diff": int(gap.max().max())
-    }
+    return dict(cells=int(gap.size), equal=int((gap == 0).sum().sum()),
+                max_abs_diff=int(gap.max().max()))
 
 
 def time_table(df):
@@ -125,12 +118,11 @@ def name_pattern(names) -> Optional[str]:
 
 def trace_counts(events, pattern: Optional[str] = None) -> Dict[str, Dict[str, int]]:
     """Per variant of a traced replay: kernels on the device, and how many match ``pattern``."""
+    kernels = events[events.category == "kernel"].groupby("variant", sort=False)
     return {
-        v: {
-            "kernels": len(ev),
-            "matching": int(ev.name.str.contains(pattern).sum()) if pattern else 0
-        }
-        for v, ev in events[events.category == "kernel"].groupby("variant", sort=False)
+        v: dict(kernels=len(ev),
+                matching=int(ev.name.str.contains(pattern).sum()) if pattern else 0)
+        for v, ev in kernels
     }
 
 
@@ -143,13 +135,11 @@ _KEY_PARTS = [  # the last: the innermost functor (MulFunctor, not AUnaryFunctor
 
 
 def short_kernel(name: str) -> str:
-    """A readable kernel name: the template and what tells it apart (``index_elementwise_kernel ·
-    index gather<8B>``); the name itself when nothing matches."""
+    """A readable kernel name: the template and what tells it apart (``... · index gather<8B>``)."""
     base = re.sub(r"^void\s+", "", str(name))
     head = re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1]
     for rx, repl in _KEY_PARTS:
-        m = re.search(rx, base)
-        if m:
+        if m := re.search(rx, base):
             return f"{head} · {m.expand(repl)}"
     return head if len(base) > 60 else base
 
@@ -178,9 +168,8 @@ def kernels(run) -> None:
     """Kernel nodes per replay, a row per layout; the profiler's agreement on every run shown."""
     print(f"{engine_records.run_label(run.first)} (method {run.first.manifest.method_version}):")
     table = kernel_table(run.first.df)
-    notebook.show_table(
-        text.counts(table, [c for c in table if c.startswith("+ per SWA layer")],
-                    where_whole=True))  # 2, not 2.0
+    extra = [c for c in table if c.startswith("+ per SWA layer")]
+    notebook.show_table(text.counts(table, extra, where_whole=True))  # 2, not 2.0
     for r in run.shown:
         a = profiler_agreement(r.df)
         print(f"{engine_records.run_label(r)}: profiler = static in {a['equal']}/{a['cells']} "
@@ -190,8 +179,7 @@ def kernels(run) -> None:
 
 @notebook.needs_run
 def times(run) -> None:
-    """Replay times at every cell (the first run shown, named), the before/#24743 ratio per GPU,
-    and their figure."""
+    """Replay times at every cell (the first run shown), the before/#24743 ratio per GPU."""
     print(f"{engine_records.run_label(run.first)}, every cell:")
     notebook.show_table(time_table(run.first.df).round(2))
     if len(run.shown) > 1:
@@ -223,11 +211,10 @@ def profiler(run) -> None:
         notebook.show_figure(fig)
     if notebook.predates_traces(run, "eager_kernels", where=" on one H100 / H200"):
         return
-    eager = run.sidecar("eager_kernels")
     info = run.manifest.eager_kernels
     print(f"eager kernel table · backends: {', '.join(info.get('backends', []))}; nsight-python: "
           f"{info.get('nsight')} ({info.get('nsight_reason')})")
-    notebook.show_table(eager_table(eager).round(2))
+    notebook.show_table(eager_table(run.sidecar("eager_kernels")).round(2))
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -244,58 +231,40 @@ def one_layer_ops(variant: str) -> list:
     return [c.op for c in calls[:ends[0] if ends else len(calls)]]
 
 
-def _kernel_names(table, variant: str, n_ops: int) -> list:
-    """Short kernel names of the SWA KV write's ops from a run's eager table (blank when absent)."""
-    if table is None:
-        return [""] * n_ops
-    names = {
-        int(r.step): short_kernel(r.kernel)
-        for r in kv_write_kernels(table, variant).itertuples()
-    }
-    return [names.get(i, "") for i in range(n_ops)]
-
-
-def _op_boxes(ops: list) -> list:
-    stores = iter(["K", "V"] * len(ops))
-    return [
-        _OP_TEXT.get(op, op).format(
-            kv=next(stores)) if op == "index_put_" else _OP_TEXT.get(op, op) for op in ops
-    ]
-
-
-def _row_caption(variant: str) -> str:
-    cfg = rebuild.runner_config(variant)
-    if not cfg.preset_swa_loc:
-        return "swa_loc unset at capture:\nthe graph records the translation"
-    dtype = str(cfg.swa_loc_dtype).replace("torch.", "")
-    return f"swa_loc = out_cache_loc_swa[:bs]\n(static {dtype} buffer) set before capture"
-
-
 def mechanism(run=None):
-    """One SWA layer's KV write inside the decode graph, before and after: a box per kernel node,
-    those the preset removes highlighted (a run's eager kernels under them)."""
+    """One SWA layer's KV write inside the decode graph, before and after: a box per kernel node."""
     a, b = variants = ("before", "pr24743")
     ops = {v: one_layer_ops(v) for v in variants}
     table = run.first.sidecar("eager_kernels") if run else None
-    kernels_ = {v: _kernel_names(table, v, len(ops[v])) for v in variants}
-    matcher = difflib.SequenceMatcher(a=ops[a], b=ops[b], autojunk=False)
-    removed = {
-        i
-        for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("delete", "replace")
-        for i in range(i1, i2)
+    kernels_ = {  # short kernel names of the SWA KV write's ops, from a run's eager table
+        v: {} if table is None else
+        {int(r.step): short_kernel(r.kernel)
+         for r in kv_write_kernels(table, v).itertuples()}
+        for v in variants
     }
+    matcher = difflib.SequenceMatcher(a=ops[a], b=ops[b], autojunk=False)
+    spans = [range(i1, i2) for tag, i1, i2, _, _ in matcher.get_opcodes() if tag != "equal"]
+    removed = set().union(*spans)  # an insert's span in ``a`` is empty
     offset = {a: 0.0, b: float(len(ops[a]) - len(ops[b]))}  # right-aligned: store under store
     fig, ax = plots.canvas(11.5, 3.6, xlim=(0, 11.5), ylim=(0, 3.6))
     w, gap, x0 = 1.25, 0.12, 3.0
     for row, (v, y) in enumerate(((a, 2.1), (b, 0.55))):
         color = "before" if row == 0 else "after"
+        cfg = rebuild.runner_config(v)
+        dtype = str(cfg.swa_loc_dtype).removeprefix("torch.")
+        caption = (f"swa_loc = out_cache_loc_swa[:bs]\n(static {dtype} buffer) set "
+                   "before capture" if cfg.preset_swa_loc else
+                   "swa_loc unset at capture:\nthe graph records the translation")
         plots.label(ax, 0.1, y + 0.42, VARIANT_LABELS[v].split(" (")[0], color=plots.PALETTE[color])
-        plots.label(ax, 0.1, y + 0.05, _row_caption(v), fontsize=7.5, weight="normal")
-        for i, (text, kname) in enumerate(zip(_op_boxes(ops[v]), kernels_[v])):
+        plots.label(ax, 0.1, y + 0.05, caption, fontsize=7.5, weight="normal")
+        stores = iter("KV" * len(ops[v]))
+        for i, op in enumerate(ops[v]):
+            text = _OP_TEXT.get(op, op)
+            text = text.format(kv=next(stores)) if op == "index_put_" else text
             x = x0 + (i + offset[v]) * (w + gap)
             plots.box(ax, x, y, w, 0.85, text,
                       color="removed" if row == 0 and i in removed else "kept", fontsize=8)
-            if kname:
+            if kname := kernels_[v].get(i):
                 ax.text(x + w / 2, y - 0.08, kname.replace(" · ", "\n"), ha="center", va="top",
                         fontsize=5.5, color="#555555")
     xs = [x0 + i * (w + gap) for i in sorted(removed)]
@@ -333,33 +302,27 @@ def kernels_per_replay(run):
     return fig
 
 
-def _time_panels(axes, r, style: str, gpu: str, h: dict) -> None:
-    for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
-                                             ("num_layers", ("swa_per_full", "batch_size"))]):
-        d = sweep_rows(r.df)
-        d = d[d.metric.str.startswith("time_")].pivot_table(
-            index=["swa_per_full", "num_layers", "batch_size", "variant"], columns="metric",
-            values="value")
-        sub = d.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
-        for v in rebuild.VARIANTS:
-            s = sub[sub.variant == v].sort_values(xname)
-            err = [(s.time_median - s.time_p10) * 1e3, (s.time_p90 - s.time_median) * 1e3]
-            ax.errorbar(s[xname], s.time_median * 1e3, yerr=err, marker="o", capsize=3,
-                        color=COLORS[v], ls=style, label=f"{v} · {gpu}")
-        ax.set_title(", ".join(f"{k.replace('_', ' ')} = {h[k]}" for k in fixed))
-        ax.set_ylabel("replay time, µs (median, p10–p90)")
-
-
 def replay_times(shown: list):
     """Replay time by batch size and layer count at the headline layout; µs saved per SWA layer."""
-    from matplotlib.ticker import FixedLocator, ScalarFormatter
-
     h = HEADLINE_CONFIG
     fig, axes = plots.figure(ncols=3, width=16)
     axes = axes.ravel()
     for gi, r in enumerate(shown):
         gpu, style = r.manifest.gpu, STYLES[gi % len(STYLES)]
-        _time_panels(axes, r, style, gpu, h)
+        d = sweep_rows(r.df)
+        d = d[d.metric.str.startswith("time_")].pivot_table(
+            index=["swa_per_full", "num_layers", "batch_size", "variant"], columns="metric",
+            values="value")
+        for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
+                                                 ("num_layers", ("swa_per_full", "batch_size"))]):
+            sub = d.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
+            for v in rebuild.VARIANTS:
+                s = sub[sub.variant == v].sort_values(xname)
+                err = [(s.time_median - s.time_p10) * 1e3, (s.time_p90 - s.time_median) * 1e3]
+                ax.errorbar(s[xname], s.time_median * 1e3, yerr=err, marker="o", capsize=3,
+                            color=COLORS[v], ls=style, label=f"{v} · {gpu}")
+            ax.set_title(", ".join(f"{k.replace('_', ' ')} = {h[k]}" for k in fixed))
+            ax.set_ylabel("replay time, µs (median, p10–p90)")
         tab = time_table(r.df).reset_index()
         for ratio, marker in zip(sorted(tab.swa_per_full.unique(), reverse=True), "os^"):
             d = tab[(tab.swa_per_full == ratio) & (tab.num_layers == h["num_layers"])]
@@ -374,8 +337,7 @@ def replay_times(shown: list):
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("batch size")
     axes[1].set_xlabel("layers")
-    axes[2].set_ylim(bottom=0)
-    axes[2].set(title=f"before − #24743, {h['num_layers']} layers",
+    axes[2].set(ylim=(0, None), title=f"before − #24743, {h['num_layers']} layers",
                 ylabel="µs saved per SWA layer per replay")
     for ax in axes:
         ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
@@ -411,25 +373,20 @@ def replay_timeline(run):
 
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
-    """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild and
-    SGLang's engine count them; the time saved."""
+    """Kernels a replay gains per SWA layer without the preset, in the rebuild and the engine."""
     rows = engine_view.missing_rows(run, engine_run)
     if run:
         run = run.first
-        gpu = run.manifest.gpu
-        extra = extra_per_swa_layer(run.df)
-        rows.append({
-            "source": f"rebuild ({gpu})",
-            "measures": f"kernel nodes per decode-graph replay, before − with #24743, "
-            f"per SWA layer ({len(extra)} layouts × batch sizes)",
-            "figure": ", ".join(f"{x:g}" for x in sorted(set(extra)))
-        })
+        source, extra = f"rebuild ({run.manifest.gpu})", extra_per_swa_layer(run.df)
         saved = time_table(run.df)["µs saved per SWA layer"]
-        rows.append({
-            "source": f"rebuild ({gpu})",
-            "measures": "replay time saved per SWA layer (CUDA events, median)",
-            "figure": text.span(saved, "{:.1f}", " µs")
-        })
+        rows += [
+            dict(
+                source=source, measures="kernel nodes per decode-graph replay, before − with "
+                f"#24743, per SWA layer ({len(extra)} layouts × batch sizes)",
+                figure=", ".join(f"{x:g}" for x in sorted(set(extra)))),
+            dict(source=source, measures="replay time saved per SWA layer (CUDA events, median)",
+                 figure=text.span(saved, "{:.1f}", " µs"))
+        ]
     if engine_run:
         df = engine_records.frame(engine_run.shown)
         per = engine_stats.texts(df, "decode_kernels_per_replay")
@@ -439,12 +396,12 @@ def beside_rows(run, engine_run) -> list[dict]:
             if released is None or not n_swa:
                 continue
             extra = (float(before) - float(released)) / n_swa
-            rows.append({
-                "source": f"SGLang {rel} engine ({model})",
-                "measures": f"kernels per decode-graph replay (bench_one_batch's trace), "
-                f"#23552 reverted − released, per SWA layer "
-                f"(({float(before):g} − {float(released):g}) / {n_swa})", "figure": f"{extra:g}"
-            })
+            rows.append(
+                dict(
+                    source=f"SGLang {rel} engine ({model})",
+                    measures="kernels per decode-graph replay (bench_one_batch's trace), #23552 "
+                    f"reverted − released, per SWA layer (({float(before):g} − "
+                    f"{float(released):g}) / {n_swa})", figure=f"{extra:g}"))
     return rows
 
 

@@ -1,7 +1,5 @@
 """What every workspace_floor run must show (:mod:`sglab.core.claims`): five claims, the checks
-folded under them, the headline, the review card and the real engine's claims (``ENGINE``). The
-expected counts simulate this checkout's rebuild with the run's own trace and settings.
-"""
+folded under them, the headline, the review card and the real engine's claims (``ENGINE``)."""
 
 from __future__ import annotations
 
@@ -37,17 +35,14 @@ def _cells(run) -> list[tuple[str, str]]:
 
 
 def _values(mgr, refused) -> dict:
-    return {
-        "recreations": traces.in_trace(mgr), "peak_workspace": mgr.peak_bytes_per_rank / MiB,
-        "refused_calls": refused
-    }
+    return dict(recreations=traces.in_trace(mgr), peak_workspace=mgr.peak_bytes_per_rank / MiB,
+                refused_calls=refused)
 
 
 def expected(run, trace: str, policy: str) -> dict:
     """The simulation of one (trace, policy) cell with this run's settings, by metric name."""
-    W, H, pre, steps = run.manifest.tp, run_hidden(run), _int(run, "pre_initialize"), _int(
-        run, "gpu_trace_steps")
-    if steps:
+    W, H, pre = run.manifest.tp, run_hidden(run), _int(run, "pre_initialize")
+    if steps := _int(run, "gpu_trace_steps"):
         return _values(*rebuild.simulate(rebuild.POLICIES[policy],
                                          traces.trace_tokens(trace)[:steps], world_size=W,
                                          hidden_dim=H, pre_initialize=pre or None))
@@ -62,8 +57,7 @@ def per_rank(run, metric: str, trace: str, policy: str) -> dict:
 
 
 def _slowest(run, metric: str, trace: str, policy: str) -> float:
-    v = per_rank(run, metric, trace, policy)
-    if not v:
+    if not (v := per_rank(run, metric, trace, policy)):
         raise KeyError(f"no {metric} rows for {trace}/{policy}")
     return max(v.values())
 
@@ -78,8 +72,7 @@ def _needs(run, names=(), policies=()) -> Optional[str]:
 
 
 def _events(run):
-    ev = run.sidecar("events")
-    if ev is None:
+    if (ev := run.sidecar("events")) is None:
         raise LookupError("the run has no events sidecar")
     return ev
 
@@ -126,8 +119,7 @@ def _counts_equal(run):
     for t, n in _cells(run):
         got, exp = per_rank(run, "recreations", t, n), expected(run, t, n)["recreations"]
         value[f"{t}/{n}"] = int(exp)
-        missing = sorted(set(range(W)) - set(got))
-        if missing:
+        if missing := sorted(set(range(W)) - set(got)):
             problems.append(f"{t}/{label(n)}: no row for rank(s) {missing}")
         problems += [
             f"{t}/{label(n)} rank {r}: {v:g} vs {exp:g}" for r, v in sorted(got.items()) if v != exp
@@ -158,10 +150,8 @@ def _ipc_calls(run):
     W, t = run.manifest.tp, show.ipc_calls_per_creation(_events(run))
     want = {"ipc get handle": 3, "ipc open": 3 * (W - 1)}
     got = t.reindex(columns=list(want), fill_value=0)
-    bad = [
-        f"{k}: {dict(zip(want, row))}" for k, row in zip(t.index, got.itertuples(
-            index=False)) if tuple(row) != tuple(want.values())
-    ]
+    rows = zip(t.index, got.itertuples(index=False))
+    bad = [f"{k}: {dict(zip(want, row))}" for k, row in rows if tuple(row) != tuple(want.values())]
     said = (f"{len(bad)} of {len(t)} creations differ, e.g. {bad[0]}" if bad else
             f"{len(t)} traced creations (all ranks): each 3 handle exports, {3 * (W - 1)} opens")
     return holds(len(t) > 0 and not bad, said, {"creations": len(t), "differ": len(bad)})
@@ -169,11 +159,8 @@ def _ipc_calls(run):
 
 # -- the time --------------------------------------------------------------------------------------
 def _floor_saves_time(run):
-    value = {
-        f"{t}/{n}": _slowest(run, "recreate_time_total", t, n)
-        for t in (SHORT, MIXED)
-        for n in (SHAPE, FLOOR) if (t, n) in _cells(run)
-    }
+    cells = [(t, n) for t in (SHORT, MIXED) for n in (SHAPE, FLOOR) if (t, n) in _cells(run)]
+    value = {f"{t}/{n}": _slowest(run, "recreate_time_total", t, n) for t, n in cells}
     a, b = value[f"{SHORT}/{SHAPE}"], value[f"{SHORT}/{FLOOR}"]
     return holds(b < a, f"{label(SHAPE)} {a:.1f} ms, {label(FLOOR)} {b:.1f} ms", value)
 
@@ -205,11 +192,9 @@ def _peak_memory(run):
             extra.append(meas.get(r, float("nan")) - comp[r])
             if not 0 <= extra[-1] <= PEAK_SLACK_MIB:
                 bad.append(f"{t}/{label(n)} rank {r}: measured - computed = {extra[-1]:g} MiB")
-    value = {
-        k: _slowest(run, "peak_workspace", SHORT, n)
-        for k, n in (("floor 2048 MiB", FLOOR), ("floor 512 MiB",
-                                                 "floor_512")) if (SHORT, n) in _cells(run)
-    }
+    floors = [(k, n) for k, n in (("floor 2048 MiB", FLOOR),
+                                  ("floor 512 MiB", "floor_512")) if (SHORT, n) in _cells(run)]
+    value = {k: _slowest(run, "peak_workspace", SHORT, n) for k, n in floors}
     value["extra max MiB"] = max(extra) if extra else None
     said = (f"measured - computed in [{min(extra):g}, {max(extra):g}] MiB over {len(extra)} "
             "cells×ranks" if extra and not bad else "; ".join(bad[:3]) or "no rows")
@@ -218,10 +203,8 @@ def _peak_memory(run):
 
 def _back_to_baseline(run):
     # (the traced pass's own check, variant traced_pass, is against a baseline inside the profiler)
-    metrics = [
-        "mem_after_cleanup", "rank_mem_delta_cudart", "rank_mem_delta_nvml",
-        "rank_nvml_other_gpus_end"
-    ]
+    metrics = ("mem_after_cleanup", "rank_mem_delta_cudart", "rank_mem_delta_nvml",
+               "rank_nvml_other_gpus_end")
     d = run.df[(run.df.source == "gpu") & run.df.metric.isin(metrics)]
     ranks = sorted(int(r) for r in d["rank"].dropna().unique())
     worst = float(d.value.abs().max()) if len(d) else float("nan")
@@ -340,7 +323,6 @@ _C, _T, _P, _R = (_ID + c for c in ("gpu_counts_equal_simulation", "floor_saves_
 
 
 def _span(claim: str, key: str, unit: str) -> str:
-    """``lo–hi unit`` of one value over the runs shown (one world size each)."""
     return f"{{lo[{claim}][{key}]:.0f}}–{{hi[{claim}][{key}]:.0f}} {unit}"
 
 
@@ -364,10 +346,6 @@ def _engine_applies(run):
         run) else "no engine variant with the workspace trace started"
 
 
-def _set(values, sep: str) -> str:
-    return sep.join(map(str, sorted(set(values))))
-
-
 def _engine_equal(run):
     facts = sglang.engine_facts(run)
     good = [
@@ -382,16 +360,16 @@ def _engine_equal(run):
     names = [label(p) for p in sorted({f["policy"] for f in facts}, key=order.index)]
     # read by the headline and the card, not compared with a reference
     value["per_rank"] = text.count([n for f in facts for n in f["per_rank"].values()])
-    value["sizes"] = _set((s for f in facts for s in f["sizes"]), "/")
+    value["sizes"] = show.joined(s for f in facts for s in f["sizes"])
     value["sim"] = text.count([f["sim"] for f in facts])
-    value["tp"] = _set((f["world"] for f in facts), " and ")
+    value["tp"] = show.joined((f["world"] for f in facts), " and ")
     value["policies"] = ", ".join(
         names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
     return holds(
         len(good) == len(facts),
         "; ".join(f"{f['variant']} ({label(f['policy'])}): {max(f['per_rank'].values())} per "
                   f"rank = {f['managers'][0]} managers × {f['sim']} simulated, at "
-                  f"{_set(f['sizes'], '/')}" for f in facts), value,
+                  f"{show.joined(f['sizes'])}" for f in facts), value,
         why_not="; ".join(f"{f['variant']}: per rank {f['per_rank']}, managers "
                           f"{f['managers']}, sizes {f['sizes']}, simulated {f['sim']} at "
                           f"{f['sim_sizes']}" for f in facts if f not in good))

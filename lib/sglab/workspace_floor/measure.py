@@ -1,7 +1,5 @@
 """Workspace re-creations along a serving trace per ``max_token_num`` policy: simulated (exact) and
-on 2 or 4 GPUs with real IPC creations, a cost sweep over the size, the leak check, then a traced
-pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
-"""
+on 2 or 4 GPUs (a cost sweep, the leak check, a traced pass); times are host ms per rank."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import numpy as np
@@ -68,35 +67,20 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
     for tname, W, pre, name in itertools.product(p["traces"], world_sizes or [p["world_size"]],
                                                  scenarios, p["policies"]):
         mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
-        base = {
-            "variant": name, "trace": tname, "world_size": W, "scenario": _scenario(pre),
-            "source": "simulated"
-        }
+        base = dict(variant=name, trace=tname, world_size=W, scenario=_scenario(pre),
+                    source="simulated")
         rows += metric_rows(base, recreations=(in_trace(mgr),
                                                "count"), creations_total=(mgr.recreations, "count"),
                             peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
                             final_max_token_num=(mgr.max_token_num
                                                  or 0, "tokens"), refused_calls=(refused, "count"))
-        rows += [{
-            **base, "step": e.step, "tokens": e.max_token_num, "metric": "event_workspace",
-            "value": e.bytes_per_rank / MiB, "unit": "MiB"
-        } for e in mgr.events]
+        for e in mgr.events:
+            rows += metric_rows({**base, "step": e.step, "tokens": e.max_token_num},
+                                event_workspace=(e.bytes_per_rank / MiB, "MiB"))
     return rows
 
 
 # -- one rank on the GPUs --------------------------------------------------------------------------
-class _MeasuredCreator:
-    """After each creation, records the device memory this rank holds above its baseline."""
-
-    def __init__(self, inner, ops, base_free):
-        self.inner, self.ops, self.base_free, self.peak_measured = inner, ops, base_free, 0
-
-    def create(self, **kw):
-        ws = self.inner.create(**kw)
-        self.peak_measured = max(self.peak_measured, self.base_free - self.ops.free_bytes())
-        return ws
-
-
 @dataclass
 class RankState:
     """What the phases of one rank share."""
@@ -166,17 +150,23 @@ def _rank_main(ctx, cfg):
         with phases.phase("profile"):
             events = traced_pass(st)
     st.barrier()
-    return {
-        "rank": ctx.rank, "pid": os.getpid(), "rows": st.rows, "phases": phases.take(),
-        "t_enter": t_enter, "events": events
-    }
+    return dict(rank=ctx.rank, pid=os.getpid(), rows=st.rows, phases=phases.take(), t_enter=t_enter,
+                events=events)
 
 
 def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     """One trace through one policy with real creations: that cell's rows on this rank."""
     cfg, ctx, pol = st.cfg, st.ctx, rebuild.POLICIES[name]
-    creator = _MeasuredCreator(rebuild.IpcWorkspaceCreator(st.ops), st.ops, st.base_free)
-    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water, before_create=st.barrier)
+    peak_measured = 0  # the device memory this rank holds above its baseline after a creation
+
+    def measured_create(**kw):
+        nonlocal peak_measured
+        ws = rebuild.IpcWorkspaceCreator(st.ops).create(**kw)
+        peak_measured = max(peak_measured, st.base_free - st.ops.free_bytes())
+        return ws
+
+    mgr = rebuild.WorkspaceManager(SimpleNamespace(create=measured_create),
+                                   high_water=pol.high_water, before_create=st.barrier)
     t0 = time.perf_counter()
     refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
                              hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
@@ -185,30 +175,26 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     mgr.cleanup()
     st.empty_cache()
     ev = [e for e in mgr.events if e.step >= 0]
-    base = {
-        "variant": name, "trace": tname, **st.base, "scenario": _scenario(cfg["pre_initialize"])
-    }
+    base = dict(variant=name, trace=tname, **st.base, scenario=_scenario(cfg["pre_initialize"]))
     create, recreate = [e.create_ms for e in ev], [e.create_ms + e.destroy_ms for e in ev]
     st.rows += metric_rows(base, recreations=(len(ev), "count"), create_time_total=(sum(create),
                                                                                     "ms"),
                            recreate_time_total=(sum(recreate), "ms"), replay_wall=(wall, "ms"),
                            peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
-                           peak_workspace_measured=(creator.peak_measured / MiB,
+                           peak_workspace_measured=(peak_measured / MiB,
                                                     "MiB"), refused_calls=(refused, "count"),
                            mem_after_cleanup=((st.base_free - st.ops.free_bytes()) / MiB, "MiB"))
     if create:
         st.rows += metric_rows(base, create_time_median=(statistics.median(create), "ms"))
     for e in mgr.events:
-        ebase = {**base, "step": e.step, "tokens": e.max_token_num}
-        st.rows += metric_rows(ebase, event_create=(e.create_ms, "ms"),
-                               event_destroy=(e.destroy_ms, "ms"))
+        st.rows += metric_rows({**base, "step": e.step, "tokens": e.max_token_num},
+                               event_create=(e.create_ms, "ms"), event_destroy=(e.destroy_ms, "ms"))
     st.log(f"{tname:>10} {name:>13}: {len(ev):4d} re-creations, {sum(recreate):9.1f} ms on rank "
            f"0, peak {mgr.peak_bytes_per_rank / MiB:7.0f} MiB/rank")
 
 
 def _cost_sweep(st: RankState) -> None:
-    """Creation and destruction ms per workspace size T, and per creation phase; the sizes alternate
-    in rounds so that drift lands on all of them alike; every sample starts after a barrier."""
+    """Creation and destruction ms per workspace size T and phase, sizes alternating in rounds."""
     cfg = st.cfg
     creator = rebuild.IpcWorkspaceCreator(st.ops)
     samples: dict[int, dict] = {T: {} for T in cfg["cost_tokens"]}
@@ -259,8 +245,7 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Under one ``sglab.core.trace.Recorder``: each profiled policy's replay, then one ``create
-    workspace`` range per cost size; ``{"table": reduced events, "perfetto": path}``."""
+    """Each profiled policy's replay, then a ``create workspace`` range per cost size, traced."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
@@ -309,8 +294,7 @@ def _host_ranges(events, names):
 
 
 def reduce_events(events, schedule: dict, *, rank: int):
-    """The events inside creation ranges, labelled with variant, rank, creation and its ``(step,
-    tokens)`` from ``schedule``; no device copies of ranges, no trivial host queries."""
+    """The events inside creation ranges, labelled with variant, rank, creation, step and tokens."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
@@ -343,8 +327,7 @@ def reduce_events(events, schedule: dict, *, rank: int):
 def check_params(p: dict) -> None:
     """Bad parameters fail here, in one line, before any process starts."""
     for key, known in (("policies", rebuild.POLICIES), ("traces", TRACES)):
-        bad = [n for n in p[key] if n not in known]
-        if bad:
+        if bad := [n for n in p[key] if n not in known]:
             raise ValueError(f"unknown {key} {bad}; known: {list(known)}")
     if int(p["world_size"]) < 2:
         raise ValueError("world_size must be >= 2 (the fused allreduce needs peers), got "
@@ -369,10 +352,8 @@ def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
     import psutil  # the parent leak check: only on the GPU path
 
     time.sleep(0.5)
-    alive = [
-        p
-        for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-    ]
+    zombie = psutil.STATUS_ZOMBIE
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != zombie]
     try:
         left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
     except Exception:  # no NVML: cannot say
@@ -383,8 +364,7 @@ def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
-    """The simulation on the full traces, then the live replay on ``world_size`` GPUs: the tidy
-    rows, the profiler's event table (sidecar ``events``) and one Perfetto file per rank."""
+    """The simulation on the full traces, then the live replay on ``world_size`` GPUs."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     check_params(p)
     W = int(p["world_size"])

@@ -1,17 +1,15 @@
 """The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
-PR-era, one section per upstream file and symbol. The manager calls a creator: a fake one on the CPU
-(exact counts), FlashInfer's IPC creation over ``cuda.bindings`` on the GPUs. The before/after
-switch is the call site's :class:`Policy` (:data:`POLICIES`).
-"""
+PR-era, a section per upstream file; a creator fake on the CPU (exact counts) or FlashInfer's IPC
+creation on the GPUs. The before/after switch is the call site's :class:`Policy`."""
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import SimpleNamespace
-from typing import Callable, ContextManager, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as tdist
@@ -29,19 +27,15 @@ BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of 
 
 
 def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
-    """The three per-rank bf16 buffers, each rounded up to 2 MiB: data ``W*T*H*2`` bytes, flags
-    ``W*256*4``, Lamport ``3*W*T*H*2`` (comm size capped at :data:`MAX_COMM_SIZE`)."""
+    """The three per-rank bf16 buffers (data, flags, Lamport), each rounded up to 2 MiB."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
-    aligned = [
-        (s + ALIGN - 1) // ALIGN * ALIGN for s in (buffer_size, flag_size, lamport_comm_size * 3)
-    ]
-    return {
-        "buffer_size": buffer_size, "flag_size": flag_size, "lamport_comm_size": lamport_comm_size,
-        "lamport_buffer_size": lamport_comm_size * 3, "aligned": aligned,
-        "bytes_per_rank": sum(aligned)
-    }
+    sizes = (buffer_size, flag_size, lamport_comm_size * 3)
+    aligned = [(s + ALIGN - 1) // ALIGN * ALIGN for s in sizes]
+    return dict(buffer_size=buffer_size, flag_size=flag_size, lamport_comm_size=lamport_comm_size,
+                lamport_buffer_size=lamport_comm_size * 3, aligned=aligned,
+                bytes_per_rank=sum(aligned))
 
 
 def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: int) -> int:
@@ -58,17 +52,12 @@ def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size:
 #    ensure_workspace_initialized, flashinfer_allreduce_residual_rmsnorm
 CALLEE_DEFAULT_MAX_TOKEN_NUM = 2048  # flashinfer_allreduce_residual_rmsnorm(max_token_num=2048)
 RECREATE_RANGE = "recreate workspace"  # the profiler range around each creation
-DESTROY_RANGE = "destroy old workspace"
-Mark = Callable[[str], ContextManager]
-
-
-def no_mark(name: str) -> ContextManager:
-    return nullcontext()
+Mark = Callable[[str], AbstractContextManager]  # nullcontext: no mark
 
 
 @dataclasses.dataclass
 class CreationEvent:
-    """One creation (bookkeeping for the experiment, not upstream)."""
+    """One creation (bookkeeping, not upstream)."""
 
     step: int
     max_token_num: int
@@ -79,12 +68,11 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager``: reuse a workspace that covers the request, else create at
-    ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1, 0.5.13); added per
-    creation: ``before_create()`` (a barrier), a :data:`RECREATE_RANGE` mark, a CreationEvent."""
+    """``FlashInferWorkspaceManager`` (``high_water=False``: 0.5.12.post1, 0.5.13's), plus a
+    ``before_create()`` barrier, a :data:`RECREATE_RANGE` mark and a CreationEvent per creation."""
 
     def __init__(self, creator, *, high_water: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, mark: Mark = no_mark,
+                 clock: Callable[[], float] = time.perf_counter, mark: Mark = nullcontext,
                  before_create: Callable[[], None] = lambda: None):
         self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
         self.before_create = before_create
@@ -109,7 +97,7 @@ class WorkspaceManager:
         with self.mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
             if self.initialized and self.world_size == world_size:  # too small: free it first
-                with self.mark(DESTROY_RANGE):
+                with self.mark("destroy old workspace"):
                     self.cleanup()
             if self.high_water:
                 max_token_num = max(max_token_num, self._max_token_num_seen)
@@ -151,8 +139,7 @@ class WorkspaceManager:
 def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
                                  max_token_num: int, hidden_dim: int,
                                  token_num: Optional[int] = None, group=None) -> bool:
-    """PR-era: re-create when uninitialised, when world size, rank or group change, or when the
-    buffer is too small for ``token_num`` (``x.shape[0]``); the reason goes to the event."""
+    """PR-era: re-create when uninitialised, world, rank or group changed, or too small."""
     if world_size <= 1:
         return False
     if not manager.initialized:
@@ -175,8 +162,7 @@ PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What the call site passes as ``max_token_num`` (``floor=None``: nothing, the callee's default
-    2048), the manager's high-water mark, its short name (``label``) and code (``call``)."""
+    """What the call site passes as ``max_token_num`` (``floor=None``: the callee's default)."""
 
     name: str
     floor: Optional[int]
@@ -212,8 +198,7 @@ def label(name: str) -> str:
 
 def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *, world_size: int,
                     rank: int, hidden_dim: int, group=None) -> bool:
-    """One call site -> ``flashinfer_allreduce_residual_rmsnorm`` call, workspace part: False where
-    the callee asserts ``x.shape[0] <= max_token_num``, else ``ensure_workspace_initialized``."""
+    """One fused call's workspace part: False where the callee's assert refuses the call."""
     max_token_num = policy.max_token_num(token_num)
     return token_num <= max_token_num and ensure_workspace_initialized(
         manager, world_size=world_size, rank=rank, max_token_num=max_token_num,
@@ -237,7 +222,7 @@ def fusion_applies(token_num: int) -> bool:
 class PhaseClock:
     """Ms per phase of one creation (``ms``, summed over a ``key``'s repeats), each in a mark."""
 
-    def __init__(self, mark: Mark = no_mark):
+    def __init__(self, mark: Mark = nullcontext):
         self.mark, self.ms = mark, {}
 
     @contextmanager
@@ -251,10 +236,8 @@ class PhaseClock:
 
 
 def _metadata(world_size, rank, max_token_num, hidden_dim, **sizes) -> dict:
-    return {
-        "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-        "hidden_dim": hidden_dim, "use_fp32_lamport": False, **sizes
-    }
+    return dict(tp_rank=rank, tp_size=world_size, max_token_num=max_token_num,
+                hidden_dim=hidden_dim, use_fp32_lamport=False, **sizes)
 
 
 class FakeCreator:
@@ -267,8 +250,7 @@ class FakeCreator:
 
 # -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
 class CudartOps:
-    """The CUDA calls of a creation through ``cuda.bindings`` (so the profiler sees them): malloc,
-    IPC export / open / close, free, the Lamport fill, flag word and pointer table."""
+    """The CUDA calls of a creation through ``cuda.bindings`` (so the profiler sees them)."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
@@ -336,8 +318,7 @@ class IpcWorkspace:
         self._destroyed = False
 
     def destroy(self) -> None:
-        """Close the peers' mappings, barrier, free our own buffers, barrier (FlashInfer only frees
-        and barriers; closing first makes the leak check exact)."""
+        """Close the peers' mappings (not FlashInfer's: for an exact leak check), free, barriers."""
         if self._destroyed:
             return
         self._destroyed = True
@@ -360,10 +341,9 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """Per rank, each phase timed and named: SGLang's free-memory vote; per buffer, allocate,
-    export, exchange, open; fill, flag word, pointer table; a barrier and SGLang's all-reduce."""
+    """FlashInfer's IPC creation (and SGLang's free-memory vote), each phase timed and named."""
 
-    def __init__(self, ops, *, mark: Mark = no_mark):
+    def __init__(self, ops, *, mark: Mark = nullcontext):
         self.ops, self.mark = ops, mark
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):

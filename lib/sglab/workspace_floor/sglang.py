@@ -1,7 +1,5 @@
 """The workspace floor in real SGLang: the fix's record (``FIX``), source check, code path, probe
-(the traces through each release's call site and manager, FlashInfer replaced by a recorder), the
-engine's scenarios and answers, and the comparison with the rebuild. SGLang is imported lazily.
-"""
+(FlashInfer replaced by a recorder), the engine's scenarios and answers, and the comparison."""
 
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ RELEASE = "0.5.13"
 CODE_PATH = (Node("srt/model_executor/model_runner.py",
                   "ModelRunner._pre_initialize_flashinfer_allreduce_workspace",
                   "start-up, before graph capture: at FUSE_ALLREDUCE_MAX_BATCH_SIZE tokens"),
-             Node("srt/layers/flashinfer_comm_fusion.py", "pre_initialize_workspaces",
+             Node(FUSION, "pre_initialize_workspaces",
                   "creates both workspaces: MoE TP, attention TP"),
              Node("srt/layers/communicator.py", "apply_flashinfer_allreduce_fusion",
                   "each step: fused only up to 2048 tokens (SM90/SM100, no DP attention)"),
@@ -146,8 +144,7 @@ class RecordingComm:
 
 
 def undecorated(module, name: str):
-    """``module.name`` compiled from the module's source without its decorators (which register it
-    as a CUDA-only torch op), reading the module's globals."""
+    """``module.name`` compiled without its decorators (a CUDA-only torch op's registration)."""
     tree = ast.parse(inspect.getsource(module))
     node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if node is None:
@@ -234,15 +231,12 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
 
 
 def probe(prepared, params: dict) -> list[dict]:
-    """Rows ``trace, site, scenario, metric, value``: the call site's ``max_token_num=`` line, then
-    per trace, site and pre-initialisation the creations and refusals."""
+    """Rows ``trace, site, scenario, metric, value``: the call site's line, then each cell's."""
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
     source = inspect.getsource(layernorm._forward_with_allreduce_fusion)
     lines = [ln.strip().rstrip(",") for ln in source.splitlines() if "max_token_num=" in ln]
-    rows = [
-        dict(trace="", site="release", scenario="", metric="call_site",
-             value=lines[0] if lines else "(none)")
-    ]
+    call_site = lines[0] if lines else "(none)"
+    rows = [dict(trace="", site="release", scenario="", metric="call_site", value=call_site)]
     W, H = int(params["world_size"]), int(params["hidden"])
     for (name, trace), site, pre in itertools.product(params["traces"].items(), params["sites"],
                                                       params["pre_initialize"]):
@@ -296,18 +290,13 @@ _TP2 = Scenario(
     "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
     "the same with the floor replaced by x.shape[0]")
 
-
-def _at_tp(tp: int) -> Scenario:
-    """The same at TP ``tp``: the count per rank does not depend on TP."""
-    return dataclasses.replace(
-        _TP2, name=f"02-ar-fusion-tp{tp}", gpus=tp, cases=_fusion_cases(tp),
-        what=f"--enable-flashinfer-allreduce-fusion at TP {tp} over the same trace: workspace "
-        "creations per rank (FLASHINFER_FULL=1 bundles)",
-        expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
-        "with and without the floor")
-
-
-ENGINE = (_TP2, _at_tp(4), _at_tp(8))
+# the same at TP 4 and 8: the count per rank does not depend on TP
+ENGINE = (_TP2, *(dataclasses.replace(
+    _TP2, name=f"02-ar-fusion-tp{tp}", gpus=tp, cases=_fusion_cases(tp),
+    what=f"--enable-flashinfer-allreduce-fusion at TP {tp} over the same trace: workspace "
+    "creations per rank (FLASHINFER_FULL=1 bundles)",
+    expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
+    "with and without the floor") for tp in (4, 8)))
 
 FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
@@ -323,11 +312,8 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
 
 
 def engine_facts(run) -> list[dict]:
-    """Per engine variant that started: its policy, the creations per rank and manager, their sizes,
-    those inside the calls, and the rebuild's simulation of every token count the call site saw
-    (graph captures largest first, then each call's steps) after SGLang's pre-initialisation. A
-    variant started again (a merged record holds every run's entries, oldest first) counts once:
-    its newest start, as the merged run's frame keeps it."""
+    """Per engine variant that started (its newest start): its policy, the creations per rank and
+    manager, their sizes, and the rebuild's simulation of every token count the call site saw."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out: dict = {}
     for i, e in enumerate(run.manifest.engine_runs):
@@ -352,9 +338,8 @@ def engine_facts(run) -> list[dict]:
         mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
                                   pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
         ev = [x for x in d["events"] if x.get("event") == "workspace"]
-        by_rank: dict = {}
-        for x in sorted(ev, key=lambda x: int(x["rank"])):
-            by_rank.setdefault(int(x["rank"]), []).append(x)
+        ranks = sorted({int(x["rank"]) for x in ev})
+        by_rank = {r: [x for x in ev if int(x["rank"]) == r] for r in ranks}
         first, timed = {}, {}
         for c in d["calls"]:
             ms = float(c["seconds"]) * 1e3
@@ -398,10 +383,8 @@ def rebuild_cell(policy: rebuild.Policy, trace: str, pre: int) -> dict:
     mgr, refused = rebuild.simulate(policy, traces.trace_tokens(trace), world_size=WORLD_SIZE,
                                     hidden_dim=HIDDEN, pre_initialize=pre or None)
     events = [e for e in mgr.events if e.step >= 0]
-    return {
-        "recreations": len(events), "sizes": [e.max_token_num for e in events],
-        "steps": [e.step for e in events], "refused_calls": refused
-    }
+    return dict(recreations=len(events), sizes=[e.max_token_num for e in events],
+                steps=[e.step for e in events], refused_calls=refused)
 
 
 def _describe(d: dict) -> str:
@@ -421,8 +404,7 @@ def _real_cells(results: dict):
 
 
 def comparison(results: dict):
-    """Per (release, call site, trace, scenario): the real re-creations, sizes and refused calls
-    beside the rebuild's (same call site, a manager like the release's)."""
+    """Per (release, call site, trace, scenario): the real re-creations beside the rebuild's."""
     rows = []
     for release, own, (trace, site, scenario), got in _real_cells(results):
         hwm = bool(got["manager_high_water_mark"])
@@ -440,8 +422,7 @@ def comparison(results: dict):
 
 
 def decisions(results: dict):
-    """The real code's creations (and refused calls) along each trace, per release and call site
-    (its own first), cold and pre-initialised."""
+    """The real code's creations (and refused calls) along each trace, per release and call site."""
     rows = []
     for release, _, (trace, site, scenario), got in _real_cells(results):
         refused = int(got["refused_calls"])
@@ -484,8 +465,7 @@ CELLS = "(release, call site, trace, scenario) cells"
 
 
 def compare(full: bool = False) -> None:
-    """The notebook's real-SGLang section: where the answers come from, the real decisions, whether
-    the rebuild's agree in every cell, what the high-water mark changes; ``full``: every cell."""
+    """The notebook's real-SGLang section (``full``: every cell)."""
     from sglab.core.notebook import show_table
 
     results = real.answers(FIX)

@@ -1,7 +1,5 @@
 """Tables and figures of notebook 02 from the simulation or a run: the mechanism, the GPU replay, a
-creation's cost, the profiler trace and the real engine (:data:`VIEW`). Times are host ms; tables
-take the slowest rank, since a creation blocks every rank. Your own traffic: :mod:`.traffic`.
-"""
+creation's cost, the profiler trace and the real engine. Tables take the slowest rank's host ms."""
 
 from __future__ import annotations
 
@@ -21,10 +19,8 @@ from sglab.workspace_floor.traffic import your_setup  # noqa: F401 (the notebook
 
 POLICY_ORDER = list(rebuild.POLICIES)
 STORY = ("before_pr", "floor_0", "floor_2048")  # released before, the PR's first draft, merged
-COLORS = {
-    "before_pr": plots.PALETTE["neutral"], "floor_0": plots.PALETTE["before"],
-    "floor_2048": plots.PALETTE["after"]
-}
+COLORS = dict(before_pr=plots.PALETTE["neutral"], floor_0=plots.PALETTE["before"],
+              floor_2048=plots.PALETTE["after"])
 
 
 def _ticks():
@@ -51,33 +47,13 @@ def policy_stats(run) -> pd.DataFrame:
     return t.loc[order, [c for c in cols if c in t.columns]]
 
 
-REPLAY_NOTE = ("create_time_*: the creations alone; recreate_time_total: every creation plus "
-               "destroying the workspace it replaces (closing the peers' mappings, freeing, a "
-               "barrier), summed over the trace; peak_workspace: per rank, from FlashInfer's "
-               "sizes, _measured: cudaMemGetInfo above the rank's baseline")
-
-
 def replay_table(run) -> pd.DataFrame:
-    """:func:`policy_stats` for reading: policies by name, counts whole, each column's unit (as
-    recorded) in its name; the recorded metric names stay."""
+    """:func:`policy_stats` for reading: policies by name, counts whole, units in the names."""
     t = text.counts(policy_stats(run).round(1), ["recreations", "refused_calls"])
     d = run.df[run.df.metric.isin(t.columns)]
     units = d.drop_duplicates("metric").set_index("metric")["unit"].to_dict()
     shown = {c: f"{c} ({units[c]})" for c in t.columns if units.get(c, "count") != "count"}
     return named(t.rename(columns=shown))
-
-
-def consistency(run) -> str:
-    d = run.df
-    sim = d[(d.source == "simulated") & (d.scenario == "cold")].pivot_table(
-        index=["trace", "variant"], columns="metric", values="value", aggfunc="max")
-    t = policy_stats(run).join(sim.add_suffix("_simulated"))
-    same = ((t.recreations == t.recreations_simulated)
-            & (t.peak_workspace == t.peak_workspace_simulated)).all()
-    gap = text.span(t.peak_workspace_measured - t.peak_workspace, "{:g}", " MiB")
-    return (f"W={run.manifest.tp}: GPU re-creations and sizes == simulation in {len(t)} (trace, "
-            f"policy) cells: {'yes' if same else 'no'}; measured − computed peak per rank: {gap} "
-            "(the int64 pointer table's caching-allocator segment)")
 
 
 def cost_frame(df) -> pd.DataFrame:
@@ -179,8 +155,7 @@ def ipc_calls_per_creation(events) -> pd.DataFrame:
 
 
 def phase_frame(events) -> pd.DataFrame:
-    """Cost sizes: ms per creation phase of the slowest rank's creation per T (so the phases add up
-    to that creation); ``ipc open`` by buffer."""
+    """Cost sizes: ms per phase of the slowest rank's creation per T, IPC open by buffer."""
     cr = creation_ranges(events)
     cr = cr[cr.variant == COST_VARIANT]
     slowest = cr.loc[cr.groupby("tokens").ms.idxmax(), ["tokens", "rank"]]
@@ -195,14 +170,13 @@ def phase_frame(events) -> pd.DataFrame:
 
 
 def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
-    """Where the creation cost steps up, from the traced cost sizes: which phase and call grow, what
-    the trace rules out, and each rank's long calls in the first creation above the step."""
+    """Where the creation cost steps up, from the traced cost sizes: what grows, what does not."""
     r = creation_ranges(events)
     cost = r[r.variant == COST_VARIANT].groupby("tokens").ms.max()
     ob, ph = open_by_buffer(events), phase_frame(events)
     lam = {int(T): _lamport_mib(world_size, T, hidden_dim) for T in cost.index}
-    lo, hi = [T for T in cost.index if lam[int(T)] <= 336
-              ], [T for T in cost.index if lam[int(T)] >= 672]
+    lo = [T for T in cost.index if lam[int(T)] <= 336]
+    hi = [T for T in cost.index if lam[int(T)] >= 672]
     if not lo or not hi:
         return ["the traced sizes do not straddle the 336 -> 672 MiB Lamport step"]
     a, b, top = max(lo), min(hi), max(cost.index)
@@ -243,8 +217,7 @@ def first_open(events) -> str:
 
 # -- figures ---------------------------------------------------------------------------------------
 def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidden_dim: int = 7168):
-    """The workspace each policy holds along a cold start, a mark at every creation (area ~ MiB per
-    rank; with a GPU run, its ms on the slowest rank)."""
+    """The workspace each policy holds along a cold start, a mark at every creation."""
     run = run if run else None  # a Run, or a NoRun (the simulation alone)
     W = run.manifest.tp if run is not None else 2
     pre = rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE
@@ -263,13 +236,11 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
         s = pd.DataFrame(
             [(max(e.step, 0), e.max_token_num, e.bytes_per_rank / MiB) for e in events[name]],
             columns=["step", "tokens", "MiB"])
-        e = ev[ev.variant == name] if run is not None else None
-        ms = {} if e is None else {int(a): float(b) for a, b in zip(e.step.clip(lower=0), e.value)}
+        e = ev[ev.variant == name] if run is not None else pd.DataFrame(columns=["step", "value"])
+        ms = {int(a): float(b) for a, b in zip(e.step.clip(lower=0), e.value)}
         color = COLORS.get(name, plots.PALETTE["neutral"])
-        ax.step(
-            list(s.step) + [xmax],
-            list(s.tokens) + [s.tokens.iloc[-1]], where="post", color=color, lw=1.6,
-            ls=":" if name == "before_pr" else "-", zorder=2 + i)
+        ax.step([*s.step, xmax], [*s.tokens, s.tokens.iloc[-1]], where="post", color=color, lw=1.6,
+                ls=":" if name == "before_pr" else "-", zorder=2 + i)
         n, warm = len(s), traces.recreations(trace_name, name, W, hidden_dim, pre)
         said = (f"{label(name)}: {n} creation{'s' if n != 1 else ''} cold, {warm} pre-initialised; "
                 f"peak {s.MiB.max():.0f} MiB/rank"
@@ -284,13 +255,11 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
                         rotation=90, fontsize=6.5, ha="center", va="bottom", color=color)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(_ticks())
-    ax.set_ylim(0.8, 2**15)
-    ax.set_xlim(-5, xmax)
-    ax.set_xlabel(f"forward step of the '{trace_name}' trace (steps {xmax}–{len(tokens)}: no "
-                  "creation under any policy)")
-    ax.set_ylabel("tokens (log2)")
-    ax.set_title(f"A cold start on short prompts, W={W}, H={hidden_dim}: the workspace each call "
-                 "site holds")
+    ax.set(
+        ylim=(0.8, 2**15), xlim=(-5, xmax), ylabel="tokens (log2)",
+        xlabel=f"forward step of the '{trace_name}' trace (steps {xmax}–{len(tokens)}: no "
+        "creation under any policy)", title=f"A cold start on short prompts, W={W}, "
+        f"H={hidden_dim}: the workspace each call site holds")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, markerscale=0.5)
     plots.caption(
         fig, run, extra="counts and sizes: simulation of the rebuild (exact); mark area ~ "
@@ -415,8 +384,20 @@ def replay(run) -> None:
     for r in run.shown:
         print(f"W={r.manifest.tp}: {r.path.name} ({r.label}) - GPU replay per policy")
         notebook.show_table(replay_table(r))
-        print(consistency(r))
-    print(REPLAY_NOTE)
+        d = r.df[(r.df.source == "simulated") & (r.df.scenario == "cold")]
+        sim = d.pivot_table(index=["trace", "variant"], columns="metric", values="value",
+                            aggfunc="max")
+        t = policy_stats(r).join(sim.add_suffix("_simulated"))
+        same = ((t.recreations == t.recreations_simulated)
+                & (t.peak_workspace == t.peak_workspace_simulated)).all()
+        gap = text.span(t.peak_workspace_measured - t.peak_workspace, "{:g}", " MiB")
+        print(f"W={r.manifest.tp}: GPU re-creations and sizes == simulation in {len(t)} (trace, "
+              f"policy) cells: {'yes' if same else 'no'}; measured − computed peak per rank: "
+              f"{gap} (the int64 pointer table's caching-allocator segment)")
+    print("create_time_*: the creations alone; recreate_time_total: every creation plus "
+          "destroying the workspace it replaces (closing the peers' mappings, freeing, a barrier), "
+          "summed over the trace; peak_workspace: per rank, from FlashInfer's sizes, _measured: "
+          "cudaMemGetInfo above the rank's baseline")
 
 
 @notebook.needs_run
@@ -460,17 +441,17 @@ def _ms(ms: list[float]) -> str:
     return text.span(ms, "{:.1f}" if ms and max(ms) < 100 else "{:.0f}", " ms")
 
 
-def _sizes(sizes) -> str:
-    return "/".join(map(str, sizes))
+def joined(values, sep: str = "/") -> str:
+    return sep.join(map(str, sorted(set(values))))
 
 
 def engine_table(facts: list[dict]) -> pd.DataFrame:
     """Per TP size and engine variant: creations per rank and size, the simulation, times."""
     rows = [{
         "TP": f["world"], "release": f["variant"].split("+")[0], "call site": label(f["policy"]),
-        "creations per rank": text.count(f["per_rank"].values()), "max_token_num": _sizes(
+        "creations per rank": text.count(f["per_rank"].values()), "max_token_num": joined(
             f["sizes"]), "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
-        "rebuild, pre-initialised": f"{f['sim']} per manager at {_sizes(f['sim_sizes'])}",
+        "rebuild, pre-initialised": f"{f['sim']} per manager at {joined(f['sim_sizes'])}",
         "a creation": _ms([m for v in f["ms_by_rank"].values()
                            for m in v[1:]]), "first one, JIT build or load": _ms([
                                v[0] - v[1] for v in f["ms_by_rank"].values() if len(v) > 1
@@ -486,7 +467,7 @@ def engine_lines(facts: list[dict]) -> list[str]:
     per = text.count([n for f in facts for n in f["per_rank"].values()])
     out = [
         f"every variant: {per} creations per rank (one per workspace manager: attention TP and MoE "
-        f"TP), all at {_sizes(sorted({s for f in facts for s in f['sizes']}))} tokens before graph "
+        f"TP), all at {joined(s for f in facts for s in f['sizes'])} tokens before graph "
         f"capture, {sum(f['in_calls'] for f in facts)} of them during the "
         f"{sum(f['calls'] for f in facts)} generate calls"
     ]
@@ -496,9 +477,8 @@ def engine_lines(facts: list[dict]) -> list[str]:
         out.append(f"a rank's first creation in its process took {_ms(first)}: FlashInfer builds "
                    f"(JIT) or loads its kernels then; every later creation {_ms(later)}, the "
                    "creation itself")
-    for n in sorted({n
-                     for f in facts
-                     for n in f["first_call_ms"] if not rebuild.fusion_applies(n)}):
+    unfused = {n for f in facts for n in f["first_call_ms"] if not rebuild.fusion_applies(n)}
+    for n in sorted(unfused):
         a = [f["first_call_ms"][n] for f in facts if n in f["first_call_ms"]]
         b = [f["call_ms"][n] for f in facts if n in f["call_ms"]]
         out.append(f"{n} tokens (above the fusion gate, no creation): first call {_ms(a)}, timed "

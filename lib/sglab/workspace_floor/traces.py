@@ -1,7 +1,6 @@
 """The traces a call site sees and the exact simulation over them: ``x.shape[0]`` per forward step
 of a seeded serving simulation (:func:`generate_trace`), stored in ``data/traces/`` and regenerated
-byte for byte (:func:`load_trace`), and each policy's creations along a trace (:func:`simulated`).
-"""
+byte for byte (:func:`load_trace`), and each policy's creations along one (:func:`simulated`)."""
 
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ TRACE_PARAMS = {
 }
 # a mixed serving load, and a cold server warming up on short prompts
 TRACES = {
-    "mixed": {}, "short_ramp": {
-        "seed": 1, "prompt_median": 48, "prompt_sigma": 0.6, "output_median": 600, "base_rate": 0.4,
-        "burst_rate": 3.0, "ramp_steps": 1500
-    }
+    "mixed": {}, "short_ramp": dict(seed=1, prompt_median=48, prompt_sigma=0.6, output_median=600,
+                                    base_rate=0.4, burst_rate=3.0, ramp_steps=1500)
 }
 TRACE_DIR = runs.repo_root() / "data" / "traces"
 
@@ -41,9 +38,7 @@ def _lognormal(rng, median, sigma, lo, hi) -> int:
 
 
 def generate_trace(**overrides) -> pd.DataFrame:
-    """``step, kind, tokens_raw, tokens, running, waiting`` per forward step (``tokens`` =
-    x.shape[0]), deterministic: Poisson arrivals with bursts; a step prefills (prefill first, chunks
-    padded to a piecewise bucket) or decodes one token per running request."""
+    """``step, kind, tokens_raw, tokens, running, waiting`` per forward step (seeded serving)."""
     p = {**TRACE_PARAMS, **overrides}
     rng = np.random.default_rng(p["seed"])
     buckets = piecewise_cuda_graph_tokens(p["pcg_max_tokens"])
@@ -80,10 +75,9 @@ def generate_trace(**overrides) -> pd.DataFrame:
             kind = "decode"
         else:
             continue  # idle: no forward, no call
-        rows.append({
-            "step": len(rows), "kind": kind, "tokens_raw": raw, "tokens": tokens,
-            "running": len(running), "waiting": len(waiting)
-        })
+        rows.append(
+            dict(step=len(rows), kind=kind, tokens_raw=raw, tokens=tokens, running=len(running),
+                 waiting=len(waiting)))
     return pd.DataFrame(rows)
 
 

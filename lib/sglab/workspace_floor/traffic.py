@@ -1,8 +1,5 @@
 """Your own traffic -> workspace re-creations per policy (``sglab workspace``, notebook 02's last
-cell): :func:`read_trace` (a CSV or an SGLang server log; one-line :class:`TraceError`),
-:func:`traffic_table` (per policy, exact counts and MiB, host-blocking ms estimated from a recorded
-run) and :func:`your_setup` (the same on a generated cold start).
-"""
+cell), from a CSV or an SGLang server log, or on a generated cold start (:func:`your_setup`)."""
 
 from __future__ import annotations
 
@@ -40,36 +37,29 @@ class Trace:
     decode_lines: int = 0
 
 
-def _read_log(path: Path, lines: list[str], pcg_max_tokens: int) -> Trace:
-    buckets = piecewise_cuda_graph_tokens(pcg_max_tokens) if pcg_max_tokens else []
-    tokens, n = [], {"Prefill": 0, "Decode": 0}
-    for i, ln in enumerate(lines, 1):
-        for kind, rx, field in LOG_LINES:
-            if f"{kind} batch" not in ln:
-                continue
-            m = rx.search(ln)
-            if not m:
-                raise TraceError(f"{path}:{i}: a '{kind} batch' line without '{field}: <int>': "
-                                 f"{ln.strip()[:120]}")
-            t, n[kind] = int(m.group(1)), n[kind] + 1
-            j = bisect.bisect_left(buckets, t)
-            if t > 0:
-                tokens.append(buckets[j] if kind == "Prefill" and j < len(buckets) else t)
-            break
-    return Trace(tokens, "log", str(path), n["Prefill"], n["Decode"])
-
-
 def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
-    """The token count of every forward step, from a CSV (a ``tokens`` column, or one number per
-    line) or an SGLang server log: a prefill line's ``#new-token`` padded to the piecewise bucket
-    (``pcg_max_tokens``, 0: none), a decode line's ``#running-req``."""
+    """The token count of every forward step, from a CSV or an SGLang server log."""
     path = Path(path)
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     if any("Prefill batch" in ln or "Decode batch" in ln for ln in lines):
-        return _read_log(path, lines, pcg_max_tokens)
+        buckets = piecewise_cuda_graph_tokens(pcg_max_tokens) if pcg_max_tokens else []
+        tokens, n = [], {"Prefill": 0, "Decode": 0}
+        for i, ln in enumerate(lines, 1):
+            for kind, rx, field in LOG_LINES:
+                if f"{kind} batch" not in ln:
+                    continue
+                if not (m := rx.search(ln)):
+                    raise TraceError(f"{path}:{i}: a '{kind} batch' line without '{field}: "
+                                     f"<int>': {ln.strip()[:120]}")
+                t, n[kind] = int(m.group(1)), n[kind] + 1
+                j = bisect.bisect_left(buckets, t)
+                if t > 0:
+                    tokens.append(buckets[j] if kind == "Prefill" and j < len(buckets) else t)
+                break
+        return Trace(tokens, "log", str(path), n["Prefill"], n["Decode"])
     if any(re.search(r"\b(INFO|WARNING|ERROR)\b|\[\d{4}-\d\d-\d\d", ln) for ln in lines[:50]):
         raise TraceError(f"{path}: looks like a log but has no 'Prefill batch' or 'Decode batch' "
                          "line (expected SGLang scheduler lines such as 'Prefill batch, #new-seq: "
@@ -129,8 +119,7 @@ class CostModel:
 
 def cost_model(world_size: int) -> Optional[CostModel]:
     """From the newest recorded run of this world size (else of the nearest one), or None."""
-    recorded = runs.load_all_recorded(EXPERIMENT)
-    if not recorded:
+    if not (recorded := runs.load_all_recorded(EXPERIMENT)):
         return None
     run = max(recorded, key=lambda r:
               (-abs(r.manifest.tp - world_size), str(r.manifest.created_utc)))
@@ -151,8 +140,7 @@ def cost_model(world_size: int) -> Optional[CostModel]:
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
                   pre_initialize: int = 0) -> pd.DataFrame:
-    """Per policy (ids or :class:`~.rebuild.Policy`): re-creations, refused calls, peak MiB/rank and
-    the host-blocking ms estimated from a recorded run (``attrs["cost_model"]``)."""
+    """Per policy: re-creations, refused calls, peak MiB/rank and estimated host-blocking ms."""
     model = cost_model(world_size)
     rows = []
     for pol in policies or rebuild.POLICIES:
@@ -190,14 +178,13 @@ def floor_table(floor: int, world_size: int, prompt_length: int, *,
 
 
 def your_setup(interactive: bool = False):
-    """A floor, a world size and a prompt length -> re-creations, estimated ms and MiB per policy
-    on a generated cold start (a static table; with ``interactive``, controls in JupyterLab)."""
-    return notebook.explore(
-        floor_table, {
-            "floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
-            "prompt_length": [16, 48, 128, 512, 1200, 4096]
-        }, static=[{"floor": 2048, "world_size": 4,
-                    "prompt_length": 48}, {"floor": 512, "world_size": 8, "prompt_length": 48},
-                   {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
-        title="Your traffic: workspace re-creations per policy on a generated cold start",
-        interactive=interactive)
+    """A floor, a world size and a prompt length -> re-creations, ms and MiB per policy."""
+    choices = dict(floor=[0, 256, 512, 1024, 2048, 4096], world_size=[2, 4, 8],
+                   prompt_length=[16, 48, 128, 512, 1200, 4096])
+    static = [
+        dict(floor=floor, world_size=world, prompt_length=prompt)
+        for floor, world, prompt in ((2048, 4, 48), (512, 8, 48), (2048, 4, 1200))
+    ]
+    title = "Your traffic: workspace re-creations per policy on a generated cold start"
+    return notebook.explore(floor_table, choices, static=static, title=title,
+                            interactive=interactive)
