@@ -2,7 +2,6 @@
 table."""
 
 import pandas as pd
-import pytest
 import torch
 
 from sglab.core import trace
@@ -66,15 +65,13 @@ def _table(kernels):
 def test_timeline_totals_and_plot():
     before = _table(["gather", "cast", "store", "gather", "cast", "store"])
     after = _table(["store", "store"])
-    t = tl.totals(before, highlight="gather|cast")
-    assert t["kernels"] == 6 and t["highlighted"] == 4 and t["highlighted_us"] == pytest.approx(8.0)
     fig = tl.timeline({"before": before, "after": after}, highlight="gather|cast",
                       highlight_label="translate")
     ax = fig.axes[0]
     labels = [x.get_text() for x in ax.get_yticklabels()]
     assert labels == ["after · stream 7", "after · host", "before · stream 7", "before · host"]
     notes = [c.get_text() for c in ax.texts if "kernels" in c.get_text()]
-    assert any("6 kernels · translate: 4" in n for n in notes) and any(
+    assert any("6 kernels · translate: 4 (8 µs)" in n for n in notes) and any(
         "2 kernels · translate: 0" in n for n in notes)
     import matplotlib.pyplot as plt
 

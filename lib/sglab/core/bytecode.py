@@ -1,8 +1,6 @@
-"""A private bytecode cache, for machines where every new Python process would compile its imports
-again (images with ``PYTHONDONTWRITEBYTECODE=1`` and site-packages without ``__pycache__``).
-:func:`enable` points this process and every process it starts at ``~/.cache/sglab/pycache``
-(``SGLAB_PYCACHE=off`` leaves the interpreter as it was, ``=/some/dir`` picks the folder).
-"""
+"""A private bytecode cache (``~/.cache/sglab/pycache``) for machines where every new Python process
+would compile its imports again; ``SGLAB_PYCACHE=off`` leaves the interpreter as it was,
+``=/some/dir`` picks the folder."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def needed() -> str | None:
 
 def enable() -> str | None:
     """Turn the private cache on where :func:`needed` says so: a one-line description, else None."""
-    why = needed()
-    if why is None:
+    if (why := needed()) is None:
         return None
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     folder = Path(os.environ.get(ENV) or Path(cache) / "sglab" / "pycache")

@@ -1,9 +1,6 @@
-"""A notebook's review card: the answer on its first screen, made from the recorded runs.
-
-Each fix declares its ``CARD`` in ``claims.py`` (the bug, who it affects, what the PR says beside
-what was found); :func:`parts` adds the releases affected, the real engine's answer, then the
-rebuild's.
-"""
+"""A notebook's review card: the answer on its first screen, made from the recorded runs. Each fix
+declares its ``CARD`` in ``claims.py``; :func:`parts` adds the releases, the real engine's answer,
+then the rebuild's."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class Card:
-    """What a fix states on its card; ``found`` pairs what the PR says with what was found, each
-    side a template over the claims' values: ``{e[claim id][key]}`` (the real engine, first GPU
-    model), ``{r[claim id][key]}`` (the rebuild's first run); a pair missing a value is left out."""
+    """What a fix states on its card; ``found``: templates over ``e[...]`` (engine), ``r[...]``."""
 
     bug: str
     affects: str
@@ -43,35 +38,30 @@ def releases_line(timeline: list[tuple[str, str]]) -> str:
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed, by name (``found``: [(pr, we)])."""
     engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
-    ns = {
-        "e": C.claim_values(engine, merged[0]) if merged else {},
-        "r": C.claim_values(claims, shown[0]) if shown else {}
-    }
+    ns = dict(e=C.claim_values(engine, merged[0]) if merged else {},
+              r=C.claim_values(claims, shown[0]) if shown else {})
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
-    return {
-        "bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases(
-            told=True)), "engine": (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
-                                    if merged else engine_rs.line),
-        "engine_verdicts": [C.verdict_line(C.evaluate(engine, r), r) for r in merged],
-        "rebuild": f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})"),
-        "rebuild_verdicts": [C.verdict_line(C.evaluate(claims, r), r) for r in shown], "found": [
-            (pr, we) for pr, we in found if pr is not None and we is not None
-        ]
-    }
+    found = [(pr, we) for pr, we in found if pr is not None and we is not None]
+    engine_said = (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
+                   if merged else engine_rs.line)
+    rebuild_said = f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})")
+    verdicts = [[C.verdict_line(C.evaluate(m, r), r) for r in got]
+                for m, got in ((engine, merged), (claims, shown))]
+    return dict(bug=card.bug, affects=card.affects, releases=releases_line(fix.releases(told=True)),
+                engine=engine_said, engine_verdicts=verdicts[0], rebuild=rebuild_said,
+                rebuild_verdicts=verdicts[1], found=found)
 
 
 def markdown(p: dict) -> str:
     """The card as markdown, the engine's answer before the rebuild's."""
     lines = [
         f"> **The bug.** {p['bug']}", ">", f"> **Who is affected.** {p['affects']}", ">",
-        f"> **Releases** (read from the wheels): {p['releases']}", ">",
-        f"> **Real SGLang engine.** {p['engine']}"
+        f"> **Releases** (read from the wheels): {p['releases']}"
     ]
-    if p["engine_verdicts"]:
-        lines.append(f"> *{'; '.join(p['engine_verdicts'])}.*")
-    lines += [">", f"> **The rebuild.** {p['rebuild']}"]
-    if p["rebuild_verdicts"]:
-        lines.append(f"> *{'; '.join(p['rebuild_verdicts'])}.*")
+    for key, name in (("engine", "Real SGLang engine"), ("rebuild", "The rebuild")):
+        lines += [">", f"> **{name}.** {p[key]}"]
+        if p[key + "_verdicts"]:
+            lines.append(f"> *{'; '.join(p[key + '_verdicts'])}.*")
     if p["found"]:  # after the quote: a table inside one shows as raw pipes in nbconvert's HTML
         lines += ["", "| the PR says | we found |", "|---|---|"]
         lines += [f"| {cell(pr)} | {cell(we)} |" for pr, we in p["found"]]

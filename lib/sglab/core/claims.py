@@ -1,17 +1,14 @@
 """Claims as code: what a fix's runs must show, checked on any run (recorded, live, or a cluster's).
-
-A fix's ``claims`` module has ``CLAIM``, ``CLAIMS`` (at most five reader-facing :class:`Claim` s,
-the checks they rest on ``folded`` under them), ``shown(runs)``, ``HEADLINE``, ``CARD`` and
-``ENGINE`` (the same for the real engine's runs). :func:`reference` is the one rule for what a
-rerun is compared with.
-"""
+A fix's ``claims`` module has ``CLAIM``, ``CLAIMS`` (at most five :class:`Claim` s, their checks
+``folded`` under them), ``shown(runs)``, ``HEADLINE``, ``CARD`` and ``ENGINE``; :func:`reference`
+is the one rule for what a rerun is compared with."""
 
 from __future__ import annotations
 
 import math
 import re
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 
@@ -21,8 +18,7 @@ STATUSES = (PASS, FAIL, NA)
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a check found: ``value`` the measurement (a number or a dict of numbers) headlines and
-    ``--against`` read, ``measured`` the same for a reader."""
+    """What a check found: ``value`` the number(s) headlines read, ``measured`` its text."""
 
     status: str
     measured: str = ""
@@ -46,12 +42,9 @@ def not_applicable(reason: str) -> Outcome:
 
 @dataclass(frozen=True)
 class Claim:
-    """One executable claim. ``methods``: the method versions (inclusive, ``None`` = open) it
-    covers; ``applies``: ``run -> reason or None`` (a reason makes it n/a); ``drift``: for
-    ``--against``, ``None`` (equal exactly) or the relative difference tolerated; ``folded``: the
-    checks it rests on, shown under it; ``context``: keys of the value shown but not compared;
-    ``noise``: the key of the value holding the run's A/A gap (a group's own serves its values),
-    which widens ``drift`` where larger."""
+    """One executable claim. ``methods``: the method versions it covers; ``applies``: ``run ->
+    reason it is n/a or None``; ``drift``: the relative difference ``--against`` tolerates (None:
+    exact), widened by the A/A gap under key ``noise``; ``context``: value keys not compared."""
 
     id: str
     statement: str
@@ -110,9 +103,8 @@ def evaluate(mod, run) -> list[Result]:
         folded = [Result(f, evaluate_claim(f, run), parent=c.id) for f in c.folded]
         bad = [f.claim.id for f in folded if f.status == FAIL]
         if bad and top.status != FAIL:
-            o = top.outcome
-            top = Result(
-                c, Outcome(FAIL, o.measured, o.value, f"folded check fails: {', '.join(bad)}"))
+            why = f"folded check fails: {', '.join(bad)}"
+            top = Result(c, replace(top.outcome, status=FAIL, reason=why))
         out += [top, *folded]
     return out
 
@@ -143,8 +135,7 @@ def counts(results: list[Result]) -> dict:
 
 
 def verdict(results: list[Result]) -> str:
-    """E.g. "5/5 claims hold", "3/4 claims hold, 1 fails (x), 1 n/a" or "no claim applies (2 n/a)";
-    counts the reader-facing claims (a failing folded check fails its claim)."""
+    """E.g. "3/4 claims hold, 1 fails (x), 1 n/a" over the reader-facing claims."""
     top = reader_facing(results)
     c = counts(top)
     if not c[PASS] + c[FAIL]:
@@ -157,9 +148,7 @@ def verdict(results: list[Result]) -> str:
 
 
 def verdict_line(results: list[Result], run) -> str:
-    """:func:`verdict` on the run's GPU and date: "5/5 claims hold on H100 ×1, 2026-11-21"; runs
-    merged into one name each GPU count and their first and last day ("on H200 ×2 and ×4,
-    2026-11-27 to 2026-11-28")."""
+    """:func:`verdict` on the run's GPU(s) and day(s): "5/5 claims hold on H100 ×1, 2026-11-21"."""
     m = run.manifest
     counts = " and ".join(f"×{n}" for n in m.merged_span.get("gpu_counts") or [m.gpu_count])
     first, last = m.merged_span.get("dates") or [m.date, m.date]
@@ -205,12 +194,9 @@ _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
 
 @dataclass(frozen=True)
 class Headline:
-    """The numbers sentence of a fix, a template over its claims' values. Each of ``parts`` is
-    formatted with the first shown run's values (dropped where one it names is missing) and joined
-    with ``sep``. Fields: ``v[<claim id>]`` (``[key]`` inside a dict value), ``lo[...]``/``hi[...]``
-    over the shown runs, ``runs`` (``per_run`` for each shown run with its ``v``, ``gpu``, ``count``
-    and ``world``, joined with ``run_sep``), ``consts``; ``per_run``'s ``{across}`` is ``across``
-    over the run and its peers (other machines of its GPU model, count and method), with ``n``."""
+    """The numbers sentence of a fix: ``parts`` (dropped where a value is missing) over ``v[id]``
+    (the first shown run), ``lo[...]``/``hi[...]``, ``consts`` and ``runs`` (``per_run`` of each
+    shown run, with ``gpu``, ``count``, ``world``, and ``across`` over its peers)."""
 
     parts: tuple
     per_run: str = ""
@@ -226,24 +212,17 @@ class Headline:
         run_texts = []
         for i, (run, v) in enumerate(shown):
             m = run.manifest
-            ns = {
-                **self.consts, "v": v, "gpu": m.gpu, "count": m.gpu_count,
-                "world": m.params.get("world_size", m.gpu_count)
-            }
+            ns = dict(self.consts, v=v, gpu=m.gpu, count=m.gpu_count,
+                      world=m.params.get("world_size", m.gpu_count))
             mine = [v, *(peers or {}).get(i, [])]
             plo, phi = _extremes(mine)
             ns["across"] = (len(mine) > 1 and self.across and _format(
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
             run_texts += [t for t in [_format(self.per_run, ns)] if t is not None]
-        ns = {
-            **self.consts, "v": plain[0] if plain else {}, "lo": lo, "hi": hi,
-            "runs": self.run_sep.join(run_texts)
-        }
-        kept = [(part, _format(part, ns)) for part in self.parts]
-        return _SAME_RANGE.sub(
-            r"\1",
-            self.sep.join(
-                t for part, t in kept if t is not None and (run_texts or "{runs}" not in part)))
+        ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi,
+                  runs=self.run_sep.join(run_texts))
+        kept = [_format(part, ns) for part in self.parts if run_texts or "{runs}" not in part]
+        return _SAME_RANGE.sub(r"\1", self.sep.join(t for t in kept if t is not None))
 
 
 def _format(template: str, ns: dict) -> str | None:
@@ -308,7 +287,7 @@ def _beside(flat: dict, key: str, name: str):
 
 
 def spans(mod, runs_: list) -> dict:
-    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone."""
+    """``{(claim id, value key): [every number the runs gave]}``."""
     out: dict = {}
     for run in runs_:
         for r in evaluated(mod, run):
@@ -323,16 +302,9 @@ def _rel(a: float, b: float) -> float:
     return 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
 
 
-def _excess(a: float, b: float) -> float:
-    """How far apart ``a`` and ``b`` are, whichever is the reference: for two positive numbers the
-    larger over the smaller, less 1 (1.32 and 1.74 are 32% apart either way); else |drift|."""
-    return max(a / b, b / a) - 1 if a > 0 and b > 0 else abs(_rel(a, b))
-
-
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
-    """Per claim and value: this run, the reference (or ``span``'s range), the signed drift and
-    whether it is beyond tolerance (:func:`_excess`)."""
+    """Per claim and value: this run, the reference (or ``span``'s range), drift and tolerance."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -361,8 +333,9 @@ def drift_rows(results: list[Result], ref_results: list[Result],
                 beyond = mine[key] != theirs[key]
             else:
                 b = min(max(a, min(held)), max(held))  # the end of the reference's range nearer a
-                rel = _rel(a, b)
-                beyond = (a not in held) if tol is None else _excess(a, b) > tol
+                rel = _rel(a, b)  # beyond: apart either way, the larger over the smaller less 1
+                apart = max(a / b, b / a) - 1 if a > 0 and b > 0 else abs(rel)
+                beyond = (a not in held) if tol is None else apart > tol
                 if len(held) > 1:
                     lo, hi = min(held), max(held)
                     shown = f"{lo:.4g}–{hi:.4g} over {len(held)} runs" if lo != hi else lo
@@ -401,21 +374,13 @@ def _size(r) -> tuple:
 
 
 def held_to(run, reference) -> bool:
-    """Whether a drift of ``run`` from ``reference`` fails it: the same GPU model, GPU count, TP
-    size and parameters (a real engine's specs aside: each run starts its own release batch)."""
-
-    def params(r):
-        return {k: v for k, v in r.manifest.params.items() if k != "specs"}
-
-    return (run.manifest.gpu == reference.manifest.gpu and _size(run) == _size(reference)
-            and params(run) == params(reference))
+    """Whether a drift fails ``run``: the same GPU model, size and parameters (specs aside)."""
+    a, b = ({k: v for k, v in r.manifest.params.items() if k != "specs"} for r in (run, reference))
+    return run.manifest.gpu == reference.manifest.gpu and _size(run) == _size(reference) and a == b
 
 
 def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
-    """What ``run`` is compared with: ``(reference, how, record, held)``. The record: the candidates
-    of its GPU model, count and TP size (of its method, else the newest), merged newest per variant,
-    each number against their range; ``held`` only where they share its parameters. Without one, the
-    nearest is shown and fails nothing."""
+    """What ``run`` is compared with: ``(reference, how, record, held)`` (:func:`held_to`)."""
     from sglab.core.engine_records import merged
     from sglab.core.runs import others as less
 
@@ -482,9 +447,8 @@ def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
                                                       f"{r.outcome.measured}\nexpected: "
                                                       f"{r.claim.expected}")
             if r.status == FAIL:
-                ET.SubElement(case, "failure",
-                              message=r.outcome.reason or "claim does not hold").text = \
-                    r.outcome.measured
+                why = r.outcome.reason or "claim does not hold"
+                ET.SubElement(case, "failure", message=why).text = r.outcome.measured
             elif r.status == NA:
                 ET.SubElement(case, "skipped", message=r.outcome.reason)
     ET.indent(root)

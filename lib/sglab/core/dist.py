@@ -1,10 +1,7 @@
-"""Run a function on N ranks, one process per rank and one GPU each, and get each rank's result
-back: ``launch(fn, world_size)`` (NCCL, or gloo on the CPU, plus a gloo group for objects).
-
-It never hangs: the run has a deadline (the bound of a rank blocked in a collective another never
-joined), every collective a timeout, stragglers are killed with what they started, and a rank's
-exception comes back with its traceback. Every GPU stays visible to every rank.
-"""
+"""Run a function on N ranks, one process and GPU each: ``launch(fn, world_size)`` (NCCL, or gloo
+on the CPU, plus a gloo group for objects). It never hangs: the run has a deadline, every collective
+a timeout, stragglers are killed with what they started, and a rank's exception comes back with its
+traceback. Every GPU stays visible to every rank."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import shutil
 import socket
 import tempfile
 import time
@@ -22,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sglab.core import procs
+from sglab.core import hardware, procs
 
 
 class DistError(RuntimeError):
@@ -38,8 +36,7 @@ class RankError(DistError):
 
     def __init__(self, message: str, rank: int | None = None, rank_traceback: str = ""):
         super().__init__(message)
-        self.rank = rank
-        self.rank_traceback = rank_traceback
+        self.rank, self.rank_traceback = rank, rank_traceback
 
 
 class DistTimeout(DistError):
@@ -87,15 +84,13 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
 
         fn, args = pickle.loads(payload)
         timeout = timedelta(seconds=coll_timeout)
+        device, extra = torch.device("cpu"), {}
         if backend == "nccl":
+            # with device_id the communicator is made here, by all ranks: a collective a rank
+            # never joins is a timed-out operation, not an initialisation that blocks forever
             torch.cuda.set_device(rank)
             device = torch.device("cuda", rank)
-        else:
-            device = torch.device("cpu")
-        # With device_id the NCCL communicator is created here, by all ranks together, so a later
-        # collective that a rank never joins is a timed-out *operation* (the watchdog's business),
-        # not a communicator initialisation that blocks forever.
-        extra = {"device_id": device} if backend == "nccl" else {}
+            extra = {"device_id": device}
         tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                  init_method=f"tcp://127.0.0.1:{port}", **extra)
         cpu_group = tdist.new_group(backend="gloo",
@@ -107,9 +102,7 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
     except BaseException:  # noqa: BLE001 - everything goes back to the caller
         results.put((rank, "error", traceback.format_exc()))
     finally:
-        with suppress(Exception):
-            import torch.distributed as tdist
-
+        with suppress(Exception):  # tdist: unbound where its import failed
             if tdist.is_initialized():
                 tdist.destroy_process_group()
         with suppress(Exception):
@@ -203,19 +196,13 @@ class _Ranks:
                 p.join(timeout=3)
         self.results.close()
         self.results.cancel_join_thread()
-        for f in self.logs:
-            f.unlink(missing_ok=True)
-        with suppress(OSError):
-            self.logdir.rmdir()
+        shutil.rmtree(self.logdir, ignore_errors=True)
 
 
 def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
            backend: str = "nccl", timeout_s: float = 300, collective_timeout_s: float = 60,
            env: dict | None = None, start_method: str = "spawn") -> list:
-    """Run ``fn(ctx, *args)`` (a module-level function) on ``world_size`` ranks: each rank's result,
-    in rank order (``start_method`` spawn or forkserver). Raises :class:`NotEnoughGPUs`,
-    :class:`RankError` or :class:`DistTimeout`; no rank process (nor what it started) is left."""
-    # refuse a launch that cannot work, before any process starts
+    """``fn(ctx, *args)`` on ``world_size`` ranks: their results, no rank process left behind."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if backend not in ("nccl", "gloo"):
@@ -230,8 +217,6 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
                          f"an importable module (ranks are spawned and import it); move it into "
                          f"lib/sglab")
     if backend == "nccl":
-        from sglab.core import hardware
-
         ok, why = hardware.meets(world_size)
         if not ok:
             raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
@@ -253,8 +238,7 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
-    """The ``forkserver`` context, ``preload`` imported in the server (a rank forks in ms, not s);
-    end it with :func:`stop_forkserver`."""
+    """The ``forkserver`` context, ``preload`` imported in the server (a rank forks in ms)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     return ctx

@@ -1,8 +1,5 @@
-"""Recorded real-engine runs (``data/recorded/engine_<fix>/``) as runs: loaded like every other run,
-then read as one frame of the newest answer per model and variant: a variant that failed to start
-in an early run and started in a later one keeps the later, and a variant that a run with an A/A
-control answered keeps that run's starts, never paired with another run's (:func:`frame`).
-"""
+"""Recorded real-engine runs (``data/recorded/engine_<fix>/``), read as one frame of the newest
+answer per model and variant (:func:`frame`)."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ def _model_of(run) -> dict:
 
 
 def frame(runs_: list) -> pd.DataFrame:
-    """All rows of the newest answer per (model, TP size, variant), oldest run first, with
-    ``model``, ``tp`` and ``run`` (:func:`run_label`: two runs of one day keep two names). Cached
-    and shared: never change it in place."""
+    """The newest answer per (model, TP size, variant); cached and shared: never change it."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
         return runs_[0].memo("engine frame", lambda: _frame(runs_), shared=True)
     return cached(_FRAMES, tuple(runs_), (), lambda: _frame(runs_), 64)
@@ -53,20 +48,16 @@ def _frame(runs_: list) -> pd.DataFrame:
         df = run.df.copy()
         named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
         df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
-        tp = df["variant"].map({
-            e["variant"]: int(e.get("tp") or 1)
-            for e in run.manifest.engine_runs
-        })
+        tps = {e["variant"]: int(e.get("tp") or 1) for e in run.manifest.engine_runs}
+        tp = df["variant"].map(tps)
         df["tp"] = (df["tp"].fillna(tp) if "tp" in df else tp).fillna(1).astype(int)
         df["run"], df["_order"] = run_label(run), order
         parts.append(df)
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
     rows = pd.concat(parts, ignore_index=True)
-    # the newest answer per variant of each model, TP size and tool (a server's TTFT and
-    # bench_one_batch's prefill of one variant are two measurements); a variant that the newest
-    # run with an A/A control of its release answered comes from that run alone: its variants
-    # were started in the same interleaved rounds, and a ratio never pairs starts of two runs
+    # the newest answer per variant of each model, TP size and tool; a variant that the newest run
+    # with an A/A control of its release answered comes from that run alone (same rounds)
     rows["tool"] = rows["tool"].fillna("") if "tool" in rows else ""
     key = ["model", "tp", "tool", "variant"]
     if "case" in rows and "release" in rows:
@@ -92,10 +83,8 @@ def merged(runs_: list) -> runs.Run:
         return newest  # one run, or rebuild runs: each whole, the newest answers every variant
     m = copy.deepcopy(newest.manifest.raw)
     m["engine_runs"] = [e for r in ordered for e in r.manifest.engine_runs]
-    cars = {
-        n: str(newest.path.parent / f)
-        for n, f in newest.manifest.sidecars.items() if not n.startswith("log_")
-    }
+    own = newest.manifest.sidecars.items()
+    cars = {n: str(newest.path.parent / f) for n, f in own if not n.startswith("log_")}
     entries = [(r, f"log_{i}") for r in ordered for i in range(len(r.manifest.engine_runs))]
     for at, (r, log) in enumerate(entries):  # each engine entry keeps its own log (``log_<i>``)
         if log in r.manifest.sidecars:
@@ -104,11 +93,9 @@ def merged(runs_: list) -> runs.Run:
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
     m["merged_from"] = [r.path.name for r in ordered]
-    m["merged_span"] = {
-        "gpu_counts": sorted({r.manifest.gpu_count
-                              for r in ordered}),
-        "dates": [ordered[0].manifest.date, newest.manifest.date]
-    }
+    counts = sorted({r.manifest.gpu_count for r in ordered})
+    m["merged_span"] = dict(gpu_counts=counts,
+                            dates=[ordered[0].manifest.date, newest.manifest.date])
     # each row keeps its model and TP size: two runs may share a variant name for two of either
     df = frame(ordered).drop(columns=["run"])
     m["rows"] = len(df)
@@ -117,10 +104,8 @@ def merged(runs_: list) -> runs.Run:
 
 def by_gpu(runs_: list) -> dict:
     """``{GPU model: its runs}``, in the order of ``runs_``."""
-    by: dict = {}
-    for r in runs_:
-        by.setdefault(r.manifest.gpu, []).append(r)
-    return by
+    gpus = dict.fromkeys(r.manifest.gpu for r in runs_)
+    return {gpu: [r for r in runs_ if r.manifest.gpu == gpu] for gpu in gpus}
 
 
 def per_gpu(rs: runs.RunSet) -> list:
@@ -159,10 +144,8 @@ def pinned(r) -> str:
 
 def host_medians(r) -> list[float]:
     """One run's host per-launch costs measured before and after it (medians, µs)."""
-    return [
-        v["median"]
-        for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v
-    ]
+    got = r.manifest.host_launch_us.values()
+    return [v["median"] for v in got if isinstance(v, dict) and "median" in v]
 
 
 def run_host_us(r) -> float | None:
@@ -198,8 +181,5 @@ TOOL_NAMES = {"bench": "bench_one_batch", "engine": "Engine.generate", "serve": 
 
 def tools(rs: runs.RunSet) -> list[str]:
     """SGLang's own tools the shown runs timed with."""
-    return sorted({
-        TOOL_NAMES.get(e.get("tool"), str(e.get("tool")))
-        for r in rs
-        for e in r.manifest.engine_runs
-    })
+    used = [e.get("tool") for r in rs for e in r.manifest.engine_runs]
+    return sorted({TOOL_NAMES.get(t, str(t)) for t in used})

@@ -1,7 +1,5 @@
-"""Statistics over an engine frame (:func:`sglab.core.engine_records.frame`): each variant's engine
-starts folded into a median and a range, a speed-up between two cases, the A/A control's gap, and
-the bar a timing claim must clear; and the tables of every start and rerun that 07 shows.
-"""
+"""Statistics over an engine frame (:func:`sglab.core.engine_records.frame`): engine starts folded
+into a median and a range, speed-ups, the A/A control's gap, the bar a timing claim must clear."""
 
 from __future__ import annotations
 
@@ -14,11 +12,9 @@ from sglab.core.engine_records import AGAIN, KEYS, cached, frame, run_label, run
 
 # What a timing ratio reads of a variant's engine starts: ``{stat: (metric suffix, column)}``
 STATS = {"median": ("", "value"), "fastest": ("", "lo"), "floor": ("_min", "lo")}
-STAT_NAMES = {
-    "median": "median of starts", "fastest": "fastest start", "floor": "fastest repeat of any start"
-}
-# The statistic every engine timing claim reads: a vCPU's per-launch cost flips between a fast and
-# a slow level within seconds (``sglab.core.hostprobe``) and only ever adds time
+STAT_NAMES = dict(median="median of starts", fastest="fastest start",
+                  floor="fastest repeat of any start")
+# The statistic every engine timing claim reads: a vCPU's per-launch cost only ever adds time
 STAT = "floor"
 
 _MEMO: OrderedDict = OrderedDict()
@@ -35,8 +31,7 @@ def unit_of(df: pd.DataFrame, metric: str) -> str:
 
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
-    """``{(model, release, case): value}`` of a text metric (``status``, ``pcg``); of several
-    starts, a status other than ``ok`` wins (a variant answered only where every start did)."""
+    """``{(model, release, case): value}`` of a text metric (of several starts, a status not ok)."""
     return _memo(df, ("texts", metric), lambda: _texts(df, metric))
 
 
@@ -53,8 +48,7 @@ def started(df: pd.DataFrame, model: str | None = None) -> dict:
 
 
 def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.DataFrame:
-    """The rows of ``metric`` with a float ``value``, the engine starts of each variant and shape
-    folded into one row: their median, lowest, highest (``lo``, ``hi``) and number (``starts``)."""
+    """The rows of ``metric``, each variant and shape's engine starts folded into one row."""
     return _memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
 
 
@@ -72,8 +66,7 @@ def _numbers(df: pd.DataFrame, metric: str, only_started: bool) -> pd.DataFrame:
 
 
 def reading(df: pd.DataFrame, metric: str, stat: str = "median") -> pd.DataFrame:
-    """:func:`numbers` of ``metric`` (variants that started) with ``value`` the statistic ``stat``
-    (:data:`STATS`); ``lo``, ``hi`` and ``starts`` stay those of the metric the statistic reads."""
+    """:func:`numbers` of ``metric`` (variants that started), ``value`` the statistic ``stat``."""
     suffix, col = STATS[stat]
     d = numbers(df, metric + suffix, only_started=True)
     return d.assign(value=d[col]) if col != "value" and not d.empty else d
@@ -85,15 +78,10 @@ def starts_in(df: pd.DataFrame, metric: str) -> int:
 
 
 def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "median") -> dict:
-    """Each started case against ``base`` of its own model and release, per value ``x`` of
-    ``across``: ``{(model, release, case): {x: (base ÷ case, lo, hi)}}`` of ``stat``, ``lo``–``hi``
-    the widest its starts allow."""
+    """``{(model, release, case): {x: (base ÷ case, widest its starts allow)}}`` of ``across``."""
     d = reading(df, metric, stat)
-    per = {
-        tuple(k): {int(n): (v, lo, hi)
-                   for n, v, lo, hi in zip(g[across], g.value, g.lo, g.hi)}
-        for k, g in d.groupby(KEYS)
-    }
+    groups = d.groupby(KEYS)
+    per = {tuple(k): dict(zip(map(int, g[across]), zip(g.value, g.lo, g.hi))) for k, g in groups}
     out = {}
     for (model, rel, case), times in per.items():
         ref = per.get((model, rel, base))
@@ -140,8 +128,7 @@ def timing_source(starts: int, host: float | None, stat: str = "median") -> str:
 
 
 def bar(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> tuple[float, int, str]:
-    """What a timing claim on ``metric`` must clear: ``(A/A gap, starts, how)``, the gap the largest
-    of :func:`aa_gap` (0 without a control), ``how`` the sentence that says so."""
+    """What a timing claim on ``metric`` must clear: ``(A/A gap, starts, how)``."""
     noise = max(aa_gap(df, metric, across, stat).values(), default=0.0)
     starts = starts_in(df, metric)
     how = (f"{starts_how(starts, stat)}; A/A control within {noise:.1%}, so the bar is "
@@ -181,19 +168,15 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     out = t.median().rename(f"{metric} ({unit_of(df, metric)}), median over shapes").to_frame()
     wide = host.assign(value=pd.to_numeric(host["value"], errors="coerce")).pivot_table(
         index=idx, columns="metric", values="value", aggfunc="first")
-    out = out.join(wide, how="inner").rename(
-        columns={
-            "host_steal": "CPU stolen (%)", "host_busy": "CPUs busy (%)",
-            "engine_preempted": "engine preempted (switches)"
-        })
+    named = dict(host_steal="CPU stolen (%)", host_busy="CPUs busy (%)",
+                 engine_preempted="engine preempted (switches)")
+    out = out.join(wide, how="inner").rename(columns=named)
     out.index = out.index.set_levels(out.index.levels[-1].astype(int), level=-1)
     return text.counts(out.round(2), ["engine preempted (switches)"])
 
 
 def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataFrame:
-    """A timed pair (``ratio_of(frame, stat) -> {pair: {x: ratio}}``) recorded by several runs, one
-    row per (pair, run): ``lowest–highest×`` per statistic, the host's cost, and the ``drift`` of
-    the first statistic's lowest ratio from the GPU model's oldest run."""
+    """A timed pair recorded by several runs: per (pair, run) its ratios, host cost and drift."""
     cells: dict = {}
     for r in rs.every():
         for s in stats:
@@ -206,10 +189,8 @@ def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataF
     for pair, by_run in cells.items():
         if len(by_run) < 2:
             continue
-        first: dict = {}  # per GPU model, its oldest run's lowest ratio
-        for c in by_run.values():
-            if stats[0] in c:
-                first.setdefault(c["gpu"], c[stats[0]][0])
+        # per GPU model, its oldest run's lowest ratio
+        first = {c["gpu"]: c[stats[0]][0] for c in reversed(by_run.values()) if stats[0] in c}
         for at, c in by_run.items():
             ratios = {STAT_NAMES[s]: c[s][1] if s in c else "" for s in stats}
             rows[(pair, at)] = {

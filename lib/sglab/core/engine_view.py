@@ -1,8 +1,6 @@
-"""A fix's real-engine section, declared: each fix states what of its engine runs a reader sees
-(``VIEW`` in its ``show.py``) and :func:`section` draws every fix's section the same way: where the
-numbers come from, facts per variant, the tables, each timed pair against its A/A control, the
-fix's own figure or table, then one verdict line per GPU model.
-"""
+"""A fix's real-engine section, declared (``VIEW`` in its ``show.py``): :func:`section` draws where
+the numbers come from, facts per variant, the tables, each timed pair against its A/A control, the
+fix's own figure or table, then one verdict line per GPU model."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Pair:
-    """A timed speed-up: ``base`` ÷ every other case of the same model and release, on ``metric``
-    by ``across`` (the statistic the claims read, with the A/A control's gap beside it)."""
+    """A timed speed-up: ``base`` ÷ every other case of the same model and release."""
 
     metric: str
     across: str
@@ -94,8 +91,7 @@ def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
 
 
 def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
-    """``t.metric`` per (model, release, case) and value of ``t.across``, as text cells: the median
-    of the engine starts [lowest–highest], or of one start's repeats (their IQR where recorded)."""
+    """``t.metric`` per variant and value of ``t.across``: median [lowest–highest] of the starts."""
     d = numbers(df, t.metric)
     if d.empty:
         return pd.DataFrame()
@@ -105,15 +101,11 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
               for *k, x, v in iqr[[*KEYS, t.across, "value"]].itertuples(index=False)}
     starts, f = int(d["starts"].max()), t.fmt.format
     if starts > 1:  # the spread that matters: between engine starts, not within one
-        d["cell"] = [
-            f(v) if f(lo) == f(hi) else f"{f(v)} [{f(lo)}–{f(hi)}]"
-            for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
-        ]
+        cells = zip(d["value"], d["lo"], d["hi"])
+        d["cell"] = [f(v) if f(lo) == f(hi) else f"{f(v)} [{f(lo)}–{f(hi)}]" for v, lo, hi in cells]
     else:
-        keys = d[[*KEYS, t.across]].itertuples(index=False, name=None)
-        d["cell"] = [
-            f(v) + (f" ({f(spread[k])})" if k in spread else "") for k, v in zip(keys, d["value"])
-        ]
+        at = zip(d[[*KEYS, t.across]].itertuples(index=False, name=None), d["value"])
+        d["cell"] = [f(v) + (f" ({f(spread[k])})" if k in spread else "") for k, v in at]
     wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
     unit = unit_of(df, t.metric)
     unit = "" if unit in ("", "fraction") else f" ({unit})"

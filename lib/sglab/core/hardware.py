@@ -1,8 +1,5 @@
-"""What GPUs are here, and whether a notebook's needs are met.
-
-Nothing here initialises CUDA in the calling process unless torch already did: the inventory comes
-from NVML when it is available (it does not create a CUDA context), otherwise from torch.
-"""
+"""What GPUs are here, and whether a notebook's needs are met: from NVML where available (it
+creates no CUDA context), otherwise from torch."""
 
 from __future__ import annotations
 
@@ -56,9 +53,8 @@ def gpus() -> tuple[GPU, ...]:
     nv = _nvml()
     if nv is not None:
         with suppress(Exception):
-            handles = [
-                nv.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(nv.nvmlDeviceGetCount())
-            ]
+            visible = _visible_indices(nv.nvmlDeviceGetCount())
+            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in visible]
             return tuple(
                 GPU(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
                     int(nv.nvmlDeviceGetMemoryInfo(h).total // 2**20))
@@ -153,28 +149,26 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
 
 
 def software() -> dict:
-    """Versions for every run manifest; torch's read from its ``version.py`` where it is not
-    imported yet (importing it costs about 2 s of CPU)."""
-    torch = sys.modules.get("torch")
-    version, cuda = ((torch.__version__,
-                      torch.version.cuda) if torch is not None else _torch_version_file())
+    """Versions for every run manifest."""
+    version, cuda = _torch_version()
     nv, driver = _nvml(), None
     with suppress(Exception):
         driver = _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
     return {"python": platform.python_version(), "torch": version, "cuda": cuda, "driver": driver}
 
 
-def _torch_version_file() -> tuple:
-    """torch's version and CUDA from its ``version.py``; ``(None, None)`` without torch."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None, None
-    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-    if not path.is_file():  # a build without the generated file: ask torch itself
-        import torch
+def _torch_version() -> tuple:
+    """torch's version and CUDA, from its ``version.py`` where torch is not imported (2 s)."""
+    if sys.modules.get("torch") is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None, None
+        path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+        if path.is_file():  # else a build without the generated file: ask torch itself
+            return _read_version_file(path)
+    import torch
 
-        return torch.__version__, torch.version.cuda
-    return _read_version_file(path)
+    return torch.__version__, torch.version.cuda
 
 
 def _read_version_file(path: Path) -> tuple:

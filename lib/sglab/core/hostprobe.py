@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from sglab.core import procs
+from sglab.core import procs, runs
 from sglab.core.timing import Burst
 
 
@@ -35,14 +35,9 @@ def topology(root: Path = SYS_CPU) -> dict:
         with suppress(OSError):
             return p.read_text().strip()
 
-    out = {}
-    for d in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
-        t = d / "topology"
-        out[int(d.name[3:])] = {
-            "siblings": read(t / "thread_siblings_list"), "core": read(t / "core_id"),
-            "package": read(t / "physical_package_id")
-        }
-    return out
+    names = dict(siblings="thread_siblings_list", core="core_id", package="physical_package_id")
+    cpus = sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:]))
+    return {int(d.name[3:]): {k: read(d / "topology" / f) for k, f in names.items()} for d in cpus}
 
 
 def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
@@ -73,8 +68,7 @@ def per_cpu(burst: Burst, cpus: list[int]) -> dict:
     return out
 
 
-# spins while the process that started it (its pid the argument) lives: a probe killed outright,
-# even before the loop began, leaves no busy loop behind
+# spins while the process that started it (its pid the argument) lives, however that one ends
 SPIN = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
 
 
@@ -115,10 +109,9 @@ def fresh(k: int, device: str = "cuda:0", timeout: float = 120.0) -> list[dict]:
     """``k`` fresh unpinned processes in turn: each one's µs per launch (median, p90) and CPU."""
     out = []
     for _ in range(k):
-        r = procs.in_own_process(FRESH.format(device=device), timeout)
-        if "error" in r:
-            raise RuntimeError(f"a fresh process could not time its launches: {r['error']}")
-        out.append(r)
+        out.append(procs.in_own_process(FRESH.format(device=device), timeout))
+        if "error" in out[-1]:
+            raise RuntimeError(f"a fresh process could not time its launches: {out[-1]['error']}")
     return out
 
 
@@ -126,8 +119,7 @@ def rounds(burst: Burst, cpus: list[int], n: int, gap_s: float = 5.0) -> list[di
     """:func:`per_cpu` ``n`` times, ``gap_s`` apart."""
     out = []
     for i in range(n):
-        if i:
-            time.sleep(gap_s)
+        time.sleep(gap_s if i else 0)
         out.append(per_cpu(burst, cpus))
     return out
 
@@ -151,21 +143,16 @@ def main(argv=None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     if args.home not in cpus:
         ap.error(f"--home {args.home} is not one of this process's CPUs ({cpus[0]}–{cpus[-1]})")
-    from sglab.core import runs
-
     now = datetime.now(timezone.utc)
     machine = runs.machine_manifest()
     out = Path(args.out)
     if args.out.endswith("/") or out.is_dir():
         out.mkdir(parents=True, exist_ok=True)
         out = out / f"{runs.run_stem(machine, now)}.json"
-    probe = {
-        "manifest": {
-            **machine, "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git_sha": os.environ.get("SGLAB_GIT_SHA"),
-            "command": " ".join([ap.prog, *(sys.argv[1:] if argv is None else argv)])
-        }, "cpus": cpus, "topology": topology(), "home": args.home
-    }
+    command = " ".join([ap.prog, *(sys.argv[1:] if argv is None else argv)])
+    manifest = dict(machine, created_utc=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    git_sha=os.environ.get("SGLAB_GIT_SHA"), command=command)
+    probe = {"manifest": manifest, "cpus": cpus, "topology": topology(), "home": args.home}
     print(f"hostprobe: {len(cpus)} CPUs; {args.fresh} fresh processes ...", flush=True)
     probe["fresh"] = fresh(args.fresh, args.device)
     burst = Burst(args.device, 1000)
@@ -194,8 +181,6 @@ def load(path: Path) -> dict:
 
 def recorded(root: Path | None = None) -> list[tuple[str, dict]]:
     """``[(file name, probe)]`` of ``data/recorded/host_probe/``, oldest first."""
-    from sglab.core import runs
-
     folder = (root or runs.repo_root()) / "data" / "recorded" / "host_probe"
     return [(f.name, load(f)) for f in sorted(folder.glob("*.json"))]
 
@@ -207,16 +192,13 @@ def moved(rounds: list[dict], factor: float = 1.3) -> list[int]:
 
 def label(name: str, probe: dict) -> str:
     """A probe as one short label: GPU model, then date and time (UTC)."""
-    from sglab.core import runs
-
     m = probe.get("manifest", {})
     when = m.get("created_utc", "")[5:16].replace("T", " ") or name
     return f"{runs.gpu_short(m)} {when}"
 
 
 def table(probes: list[tuple[str, dict]]):
-    """One row per probe: the per-launch cost of its fresh processes and of each CPU alone, the CPUs
-    the host slowed between rounds, and the home CPU beside a busy loop."""
+    """One row per probe: fresh processes, each CPU alone, between rounds, beside a busy loop."""
     import pandas as pd
 
     rows = []

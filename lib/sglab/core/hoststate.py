@@ -26,14 +26,11 @@ def begin(read: Callable[[], Optional[dict]] = cpu_times) -> tuple:
 
 
 def end(window: tuple, read: Callable[[], Optional[dict]] = cpu_times) -> dict:
-    """Close a :func:`begin` window: the CPU time stolen and busy (%, every CPU), and the waited-for
-    children's CPU seconds and involuntary context switches."""
+    """Close a :func:`begin` window: CPU stolen and busy (%), the children's CPU s and switches."""
     (a, ra), b = window, read()
     rb = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = {
-        "engine_cpu_s": round(rb.ru_utime + rb.ru_stime - ra.ru_utime - ra.ru_stime, 2),
-        "preempted": int(rb.ru_nivcsw - ra.ru_nivcsw)
-    }
+    out = dict(engine_cpu_s=round(rb.ru_utime + rb.ru_stime - ra.ru_utime - ra.ru_stime, 2),
+               preempted=int(rb.ru_nivcsw - ra.ru_nivcsw))
     if a and b:
         d = {k: b[k] - a[k] for k in KINDS}
         total = sum(d.values())

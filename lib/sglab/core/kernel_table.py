@@ -1,8 +1,5 @@
-"""Per-kernel tables of eager GPU work: which kernels run, how many calls per run, how long each
-takes, by nsight-python where it can run, else torch.profiler (``kernels.nsight_backend`` decides,
-``table.attrs`` says why); per op, through :class:`OpRanges`. Eager work only: CUPTI does not
-attribute the kernels a graph replay launches.
-"""
+"""Per-kernel tables of eager GPU work (calls per run, time per call) by nsight-python where it can
+run, else torch.profiler (``table.attrs`` says why); per op through :class:`OpRanges`."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "
 
 
 def _mangled_head(kernel: str) -> str:
-    """The innermost name of a mangled nested name, as CUPTI reports kernels
-    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``); "" for any other."""
+    """The innermost name of a mangled nested name (``_ZN2at6native18elementwise_kernelIL...``)."""
     m = re.match(r"_ZN?(.*)", kernel)
     if not m:
         return ""
@@ -46,8 +42,7 @@ def _mangled_head(kernel: str) -> str:
 
 
 def short_name(kernel: str, width: int = 48) -> str:
-    """A readable name for a templated kernel (demangled as torch.profiler shows it, or mangled as
-    CUPTI reports it): its function name plus the first hint word of what it does."""
+    """A templated kernel's (demangled or mangled) function name plus a hint of what it does."""
     base = re.sub(r"^void\s+", "", kernel)
     head = _mangled_head(kernel) or re.split(r"[<(]", base,
                                              maxsplit=1)[0].split("::")[-1] or base[:width]
@@ -58,8 +53,7 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table, by label
-    (first seen first), then total time."""
+    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
@@ -131,7 +125,6 @@ def calls_per_run(table) -> dict:
 
 
 # -- op ranges: which aten ops torch code runs, each inside a range a profiler attributes ----------
-
 SEP = "|"
 
 
@@ -156,8 +149,7 @@ def parse_label(label: str) -> OpCall:
 
 
 class DispatchMode(TorchDispatchMode):
-    """``TorchDispatchMode`` without its ``torch._disable_dynamo`` wrapper, which imports
-    ``torch._dynamo`` (2.5-3 s) at the first op; nothing here is compiled."""
+    """``TorchDispatchMode`` without its ``torch._disable_dynamo`` wrapper (2.5-3 s of import)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -165,16 +157,13 @@ class DispatchMode(TorchDispatchMode):
 
 
 class OpRanges(DispatchMode):
-    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` (``trace.phase``,
-    ``nsight.annotate``; None only records) and records it in :attr:`calls`; ranges never nest."""
+    """Runs every non-view aten op inside ``enter(label)`` and records it in :attr:`calls`."""
 
     def __init__(self, enter: Optional[Callable[[str], object]] = None, *, unique: bool = False):
         super().__init__()
-        self.enter = enter
-        self.unique = unique
+        self.enter, self.unique = enter, unique
         self.calls: list[OpCall] = []
-        self._scope = ""
-        self._step: Optional[int] = None
+        self._scope, self._step = "", None  # the step: None outside any scope
 
     @contextmanager
     def scope(self, name: str):
@@ -205,8 +194,7 @@ class OpRanges(DispatchMode):
 
 
 def demangle(name: str) -> str:
-    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), so
-    CUPTI's and ``cuFuncGetName``'s names meet Kineto's; unchanged where it cannot be demangled."""
+    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``)."""
     fn = _cxa_demangle() if name.startswith("_Z") else None
     if fn is None:
         return name
@@ -238,7 +226,6 @@ def _cxa_demangle():
 
 
 # -- per-op kernel tables of one eager step: which op launched which kernel, how often, how long ---
-
 OP_COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
 TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"
 KEY = ["variant", "scope", "step", "op", "kernel"]
@@ -247,8 +234,7 @@ Step = Callable[[OpRanges], object]
 
 
 def aggregate(samples, *, runs: int, backend: str):
-    """Per (variant, scope, step, op, kernel) of ``samples`` (variant, label, kernel, dur_us per
-    kernel execution): calls per step and the median µs per call; ``step`` -1 outside any scope."""
+    """Per :data:`KEY` of ``samples``: calls per step and the median µs per call (no scope: -1)."""
     if not len(samples):
         return pd.DataFrame(columns=OP_COLUMNS)
     parsed = [parse_label(lbl) for lbl in samples["label"]]
@@ -284,8 +270,7 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
-    ``(table, reason)``, or ``(None, reason)`` where it cannot run here."""
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant: ``(table, why)``."""
     tool, reason = kernels.nsight_backend()
     if tool != "cupti":
         return None, reason
@@ -306,13 +291,9 @@ def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def cross_check(a, b) -> dict:
-    """The kernel calls per :data:`KEY` of two tables compared: ``{"rows": n, "equal": n,
-    "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
-    ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
-    cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
+    """The kernel calls per :data:`KEY` of two tables compared (equal, only in one, differ)."""
+    ca, cb = (t.set_index(KEY)["calls"].astype(float).to_dict() for t in (a, b))
     both = set(ca) & set(cb)
-    return {
-        "rows": len(set(ca) | set(cb)), "equal": sum(ca[k] == cb[k] for k in both),
-        "only_in_a": sorted(set(ca) - set(cb)), "only_in_b": sorted(set(cb) - set(ca)),
-        "differ": sorted(k for k in both if ca[k] != cb[k])
-    }
+    return dict(rows=len(set(ca) | set(cb)), equal=sum(ca[k] == cb[k] for k in both),
+                only_in_a=sorted(set(ca) - set(cb)), only_in_b=sorted(set(cb) - set(ca)),
+                differ=sorted(k for k in both if ca[k] != cb[k]))

@@ -1,8 +1,6 @@
-"""Count and time the kernels of a piece of GPU work: statically (the kernel nodes of a captured
-CUDA graph through cuda-bindings, child graphs included: exact, no profiler), through
-torch.profiler (:mod:`sglab.core.trace`), and through nsight-python where it can run. The one
-switch between nsight-python and torch.profiler is :func:`nsight_backend`.
-"""
+"""Count and time the kernels of GPU work: statically (a captured CUDA graph's kernel nodes through
+cuda-bindings, child graphs included), through torch.profiler (:mod:`sglab.core.trace`), and
+through nsight-python where it can run (:func:`nsight_backend` decides)."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sglab.core import trace
 from sglab.core.trace import _warm_profiler  # noqa: F401 - workspace_floor imports it from here
 
 
@@ -64,9 +63,7 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
 
 
 def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
-    """Count the kernel nodes of a captured graph, recursing into child graphs. ``graph``: a
-    ``torch.cuda.CUDAGraph(keep_graph=True)`` or a raw ``cudaGraph_t`` address (int); ``driver``
-    defaults to ``cuda.bindings.driver`` (tests pass a fake)."""
+    """The kernel nodes of a captured graph (or ``cudaGraph_t`` address), child graphs included."""
     if driver is None:
         try:
             from cuda.bindings import driver
@@ -81,8 +78,6 @@ def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
 
 def profiled_kernels(fn: Callable[[], object]) -> list[str]:
     """The kernels torch.profiler records in one call of ``fn`` (memcpy/memset aside), in order."""
-    from sglab.core import trace
-
     with trace.Recorder(cuda=True) as rec:
         fn()
     return list(rec.events.name[rec.events.category == "kernel"])
@@ -122,9 +117,7 @@ def nsight_backend() -> tuple[str, str]:
 
 @contextmanager
 def nsight_session(tool: str = "cupti"):
-    """nsight-python with ``tool`` ("cupti" or "ncu") active: yields ``profile(body, runs)``,
-    ``(annotation, kernel, ns)`` of every kernel nsight attributed over ``runs`` calls of ``body``
-    (read where nsight-python sums a range's kernels, ``extraction.extract_df_from_data``)."""
+    """nsight-python with ``tool`` active: ``profile(body, runs)`` -> every kernel it saw."""
     import nsight
     import nsight.extraction as extraction
 

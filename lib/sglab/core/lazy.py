@@ -1,8 +1,5 @@
-"""A module imported where it is first used, not where it is named.
-
-``torch = lazy.Module("torch")`` in a fix's record keeps the command line, the engine's scenarios
-and the README index, which read only the record, from paying torch's import (about 1.2 s of CPU).
-"""
+"""A module imported where it is first used: ``torch = lazy.Module("torch")`` in a fix's record
+spares what reads only the record torch's import (about 1.2 s of CPU)."""
 
 from __future__ import annotations
 
@@ -10,8 +7,7 @@ import importlib
 
 
 class Module:
-    """A stand-in for the module ``name``: the first attribute read imports it (Python's own cache,
-    ``sys.modules``, answers every later read)."""
+    """A stand-in for the module ``name``: the first attribute read imports it."""
 
     __slots__ = ("_name",)
 

@@ -1,8 +1,6 @@
-"""GPU memory per process and per GPU, read from NVML (``nvmlDeviceGetComputeRunningProcesses``):
-a process that merely unpickles a ``cuda:0`` tensor shows up on GPU 0 here. :class:`Sampler` reads
-the lists in a background thread (about 0.02 ms a read on an H200 box) so memory can be followed
-over time, and :func:`step_series` keeps the moments a value changed.
-"""
+"""GPU memory per process and per GPU from NVML (a process that merely unpickles a ``cuda:0``
+tensor shows up on GPU 0); :class:`Sampler` follows it over time in a background thread, and
+:func:`step_series` keeps the moments a value changed."""
 
 from __future__ import annotations
 
@@ -17,19 +15,16 @@ from sglab.core import hardware
 COLUMNS = ["pid", "gpu", "gpu_name", "used_mib"]
 
 
-def _nvml(nvml=None):
-    if nvml is not None:
-        return nvml
-    try:
-        import pynvml
-    except ImportError as e:
-        raise RuntimeError("NVML is not available: pip install nvidia-ml-py (extra 'gpu')") from e
-    pynvml.nvmlInit()
-    return pynvml
-
-
-def _handles(nv) -> list:
-    return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+def _nvml(nvml=None) -> tuple:
+    """NVML (``nvml``, else ``pynvml`` initialised) and a handle per GPU."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError as e:
+            raise RuntimeError(
+                "NVML is not available: pip install nvidia-ml-py (extra 'gpu')") from e
+        nvml.nvmlInit()
+    return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
 
 def _read(nv, handles) -> list[tuple]:
@@ -40,8 +35,7 @@ def _read(nv, handles) -> list[tuple]:
 
 def all_processes(*, nvml=None) -> list[dict]:
     """Every compute process NVML reports, one dict per (pid, GPU)."""
-    nv = _nvml(nvml)
-    handles = _handles(nv)
+    nv, handles = _nvml(nvml)
     names = [hardware._text(nv.nvmlDeviceGetName(h)) for h in handles]
     return [dict(zip(COLUMNS, (pid, gpu, names[gpu], mib))) for pid, gpu, mib in _read(nv, handles)]
 
@@ -60,9 +54,7 @@ SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 
 class Sampler:
-    """Per-process memory of every GPU, read from NVML ``hz`` times a second (10 minutes at most) in
-    a daemon thread: ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib;
-    ``t`` from ``time.monotonic``, shared by every process). Failed reads count in ``errors``."""
+    """Per-process memory of every GPU, read from NVML ``hz`` times a second in a daemon thread."""
 
     def __init__(self, hz: float = 100.0, *, nvml=None):
         if hz <= 0:
@@ -77,8 +69,7 @@ class Sampler:
     def start(self) -> "Sampler":
         if self._thread is not None:
             raise RuntimeError("a Sampler is started once")
-        self._nv = _nvml(self._nv)
-        self._handles = _handles(self._nv)
+        self._nv, self._handles = _nvml(self._nv)
         self._thread = threading.Thread(target=self._loop, name="sglab-nvml-sampler", daemon=True)
         self._thread.start()
         return self
@@ -128,8 +119,7 @@ class Sampler:
 
 
 def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = None):
-    """Samples reduced to change points (``pid, gpu, t, used_mib``, absence = 0 MiB) at the first
-    and last tick and wherever a value changed: drawn as steps, the sampled series exactly."""
+    """Samples reduced to change points (absence = 0 MiB): drawn as steps, the series exactly."""
     import pandas as pd
 
     ticks = sorted({float(t) for t in ticks})
@@ -141,7 +131,4 @@ def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = No
                          aggfunc="last").reindex(ticks).fillna(0.0)
     keep = wide.ne(wide.shift())
     keep.iloc[-1] = True
-    return pd.DataFrame([(int(pid), int(gpu), float(t), float(v))
-                         for (pid, gpu), col in wide.items()
-                         for t, v in col[keep[(pid, gpu)]].items()],
-                        columns=["pid", "gpu", "t", "used_mib"])
+    return wide.where(keep).unstack().dropna().rename("used_mib").reset_index()

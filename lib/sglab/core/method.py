@@ -1,7 +1,5 @@
-"""The methods notebook's (07) tables over every fix's recorded engine runs: how one timing is made
-(starts, statistics, the A/A control, the host, reruns and exact counts across machines, verdicts
-and tolerances). Pandas over :mod:`sglab.core.engine_stats`; nothing here knows a fix.
-"""
+"""The methods notebook's (07) tables over every fix's recorded engine runs: how one timing is made,
+the A/A control, the host, reruns, exact counts, verdicts and tolerances."""
 
 from __future__ import annotations
 
@@ -68,25 +66,20 @@ def example_run(rs, base: str):
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
-    """How one timing of ``run`` is made at the value of ``across`` nearest ``x`` (default: the
-    smallest), for its first (model, release) with an A/A control: per case, each start's median
-    repeat, the three statistics (:data:`STATS`) and the spread between starts."""
+    """How one timing of ``run`` is made at ``across`` nearest ``x``, per case and start."""
     model, rel = _with_control(run, base)
     df = frame([run])
     df = df[(df.model == model) & (df.release == rel)]
     xs = pd.to_numeric(df[across], errors="coerce")
     x = int(min(xs.dropna().unique(), key=lambda v: (abs(v - (x or 0)), v)))
     d = df[xs == x]
-    want = [
-        base, base + AGAIN, *(c for c in sorted(set(d.case))
-                              if c != base and not c.endswith(AGAIN) and (not cases or c in cases))
-    ]
+    rest = sorted(c for c in set(d.case) if c != base and not c.endswith(AGAIN))
+    want = [base, base + AGAIN, *(c for c in rest if not cases or c in cases)]
     rows = []
     for case in want:
         one = d[d.case == case]
-        med, low = (pd.to_numeric(
-            one[one.metric == m].set_index("start")["value"]).groupby(level=0).median()
-                    for m in (metric, metric + "_min"))
+        got = (one[one.metric == m].set_index("start")["value"] for m in (metric, metric + "_min"))
+        med, low = (pd.to_numeric(s).groupby(level=0).median() for s in got)
         if med.empty:
             continue
         row = {"case": case, **{f"start {int(s) + 1}": v for s, v in med.sort_index().items()}}
@@ -109,8 +102,7 @@ def aa_controls(rs, metric: str, across: str) -> list[dict]:
 
 
 def aa_summary(controls: list[dict]) -> pd.DataFrame:
-    """:func:`aa_controls` per GPU model: how many, and the gap read each way (:data:`STATS`):
-    median (lowest–highest), and in how many controls that statistic's gap is the smallest."""
+    """:func:`aa_controls` per GPU model: how many, and each statistic's gap and times smallest."""
     rows = []
     for gpu in dict.fromkeys(c["gpu"] for c in controls):
         got = [c for c in controls if c["gpu"] == gpu]
@@ -154,9 +146,9 @@ def host_by_gpu(runs_: list) -> pd.DataFrame:
     for gpu, g in t.groupby("GPU", sort=False):
         both = pd.concat([g["before"], g["after"]]).dropna()
         moved = (g["after"] / g["before"]).dropna()
+        beside = int(g[["before", "after"]].notna().any(axis=1).sum())
         rows.append({
-            "GPU": gpu, "runs": len(g), "measured beside": int(g[["before", "after"
-                                                                  ]].notna().any(axis=1).sum()),
+            "GPU": gpu, "runs": len(g), "measured beside": beside,
             "µs per launch, every run": text.span(both, "{:.1f}"),
             "widest change within one run": text.pct(max(moved.max(), 1 / moved.min()) - 1)
             if len(moved) else ""
@@ -165,9 +157,8 @@ def host_by_gpu(runs_: list) -> pd.DataFrame:
 
 
 def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]:
-    """``(k, n, starts, most stolen %)``: in ``k`` of the ``n`` variants timed over several starts
-    the slowest start is also the most preempted one, ``starts`` the most starts of one variant (by
-    chance ``k`` is about ``n / starts``), and the most CPU time stolen from any start."""
+    """``(k, n, starts, most stolen %)``: the slowest start is the most preempted in ``k`` of ``n``
+    variants (by chance about ``n / starts``), and the most CPU time stolen from any start."""
     t = starts_and_host(df, metric)
     if t.empty:
         return 0, 0, 0, float("nan")
@@ -196,10 +187,8 @@ def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table
     stat, rows = STAT_NAMES[STAT], []
-    for (pair, gpu), g in table.groupby([
-            table.index.get_level_values("pair"),
-            table.index.get_level_values("run").str.split(",").str[0]
-    ], sort=False):
+    pairs, runs_ = (table.index.get_level_values(k) for k in ("pair", "run"))
+    for (pair, gpu), g in table.groupby([pairs, runs_.str.split(",").str[0]], sort=False):
         drift = [float(d.rstrip("%")) / 100 for d in g["drift"] if d]
         rows.append({
             "pair": " ".join(pair), "GPU": gpu, "runs": len(g),
@@ -210,16 +199,13 @@ def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def exact_counts(rs, metric: str) -> pd.DataFrame:
-    """A count on every run and start: per (model, release, case) the runs that recorded it, the
-    values seen, and whether each shape read one value on every run and start."""
+    """Per (model, release, case) of a count: its runs, values, and one value per shape or not."""
     seen: dict = {}
     for r in rs.every():
         d = numbers(frame([r]), metric, only_started=True).dropna(subset=["value"])
-        shape = [
-            c for c in d.columns
-            if c not in (*KEYS, "value", "lo", "hi", "starts", "metric", "unit", "run", "tp",
-                         "variant", "experiment", "tool", "start") and d[c].notna().any()
-        ]
+        fixed = (*KEYS, "value", "lo", "hi", "starts", "metric", "unit", "run", "tp", "variant",
+                 "experiment", "tool", "start")
+        shape = [c for c in d.columns if c not in fixed and d[c].notna().any()]
         for row in d.itertuples(index=False):
             key = tuple(getattr(row, k) for k in KEYS)
             at = tuple(getattr(row, c) for c in shape)
@@ -257,17 +243,13 @@ def ledger_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def tolerances(fix: str, engine_claims, rs) -> pd.DataFrame:
-    """Per engine claim of a fix: what it expects, how far a rerun may move (``sglab verify
-    --against``), and for a timing claim the A/A gap it must clear on each GPU model's runs."""
+    """Per engine claim of a fix: what it expects, how far a rerun may move, the A/A gap."""
     merged = per_gpu(rs) if rs else []
     rows = []
     for c in engine_claims.CLAIMS:
-        gaps = []
-        if c.noise:
-            for r in merged:
-                v = C.evaluate_claim(c, r).value
-                if isinstance(v, dict) and v.get(c.noise) is not None:
-                    gaps.append(f"{r.manifest.gpu} {v[c.noise]:.1%}")
+        got = [(r.manifest.gpu, C.evaluate_claim(c, r).value) for r in merged] if c.noise else []
+        got = [(gpu, v.get(c.noise)) for gpu, v in got if isinstance(v, dict)]
+        gaps = [f"{gpu} {x:.1%}" for gpu, x in got if x is not None]
         drift = ("exact" if c.drift is None else
                  "not compared" if math.isinf(c.drift) else f"±{c.drift:.0%}")
         rows.append({
@@ -296,20 +278,17 @@ def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:
 
 
 def agreement(tables: dict, index: list[str], title: str):
-    """Two GPU models' readings of the same cells as points (the first model across, the second up,
-    bars: the starts' range), the diagonal where they agree; a colour per value of ``index[0]``."""
+    """Two GPU models' readings of the same cells as points, the diagonal where they agree."""
     import matplotlib.pyplot as plt
 
     (a, ta), (b, tb) = list(tables.items())[:2]
     both = ta.merge(tb, on=index, suffixes=(" a", " b"))
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for key, g in both.groupby(index[0]):
-        ax.errorbar(g["gain a"], g["gain b"], xerr=[
-            g["gain a"] - g["lo a"], g["hi a"] - g["gain a"]
-        ], yerr=[g["gain b"] - g["lo b"], g["hi b"] - g["gain b"]], fmt="o", capsize=2,
+        err = {s: [g[f"gain {s}"] - g[f"lo {s}"], g[f"hi {s}"] - g[f"gain {s}"]] for s in "ab"}
+        ax.errorbar(g["gain a"], g["gain b"], xerr=err["a"], yerr=err["b"], fmt="o", capsize=2,
                     elinewidth=0.7, label=f"{index[0]} {key}")
-    lo = min(both[["lo a", "lo b"]].min())
-    hi = max(both[["hi a", "hi b"]].max())
+    lo, hi = min(both[["lo a", "lo b"]].min()), max(both[["hi a", "hi b"]].max())
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
     ax.set(xlabel=a, ylabel=b, title=title)
     ax.title.set_fontsize(9)
@@ -335,8 +314,7 @@ def conclude(sentence: str) -> None:
 
 
 def folded(df: pd.DataFrame, what: str, rows: int = 0) -> None:
-    """A long table folded under ``what``, its first ``rows`` rows above the fold; a table no
-    longer than ``rows``, and any table outside a notebook, shown whole."""
+    """A long table folded under ``what``, its first ``rows`` rows above the fold."""
     if df.empty:
         return
     if len(df) <= rows or not in_notebook():

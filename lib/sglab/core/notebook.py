@@ -86,10 +86,8 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 
 def file_link(path, what: str = "file") -> None:
-    """A link to a file of the checkout, relative to the notebooks (the report's page links a copy
-    of a file of ``data/`` in its own folder: :func:`sglab.tools.pages.copy_linked_files`)."""
-    path = Path(path).resolve()
-    root = runs.repo_root().resolve()
+    """A link to a file of the checkout, relative to the notebooks."""
+    path, root = Path(path).resolve(), runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
     link = f"../{rel}" if path.is_relative_to(root) else rel
     display(None, f"{what}: {rel}", f"{what}: [{html.escape(Path(rel).name)}]({link})")
@@ -109,8 +107,7 @@ def needs_run(fn):
 
 
 def predates_traces(run, *sidecars: str, where: str = "") -> bool:
-    """True, having said so, where ``run`` lacks one of its profiler ``sidecars`` (``events``);
-    ``where``: the GPUs a new recording needs."""
+    """True, having said so, where ``run`` lacks one of its profiler ``sidecars`` (``events``)."""
     m, missing = run.manifest, any(run.sidecar(s) is None for s in sidecars or ("events",))
     if missing:
         print(f"{run.label}: this run predates profiler traces (method {m.method_version}); a new "
@@ -121,9 +118,7 @@ def predates_traces(run, *sidecars: str, where: str = "") -> bool:
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
-    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table, the settings as
-    leading columns (returned, so a saved notebook keeps it); with ``interactive`` and widgets here,
-    controls calling ``fn`` instead (in a Jupyter kernel with ipywidgets)."""
+    """``fn(**settings)`` over the ``static`` settings as one table, or controls calling it."""
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython
@@ -152,11 +147,10 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
     for name, spec in controls.items():
         slider = isinstance(spec, (list, tuple)) and len(spec) > 3 and all(
             isinstance(x, (int, float)) for x in spec)
-        widgets[name] = (w.SelectionSlider if slider else w.Dropdown)(
-            options=list(spec), value=static[0].get(name,
-                                                    list(spec)[0]), description=name,
-            style={"description_width": "initial"
-                   }, **({"continuous_update": False} if slider else {}))
+        kind = w.SelectionSlider if slider else w.Dropdown
+        extra = {"continuous_update": False} if slider else {}
+        widgets[name] = kind(options=list(spec), value=static[0].get(name, next(iter(spec))),
+                             description=name, style={"description_width": "initial"}, **extra)
     out = w.interactive_output(lambda **kw: _ipy(fn(**kw)), widgets)
     if title:
         _ipy(w.HTML(f"<b>{title}</b>"))
@@ -171,10 +165,9 @@ class Workbook:
                  show: bool = True, experiment: str | None = None):
         if mode not in MODES:
             raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
-        self.claims = claims
+        self.claims, self.requested = claims, mode
         self.experiment = experiment or claims.EXPERIMENT
         self.gpus = int(gpus if gpus is not None else getattr(self.claims, "GPUS", 1))
-        self.requested = mode
         ok, self.reason = hardware.meets(self.gpus)
         if mode == "live" and not ok:
             raise RuntimeError(f"MODE='live' for {self.experiment!r} but {self.reason}. Use "
@@ -196,21 +189,18 @@ class Workbook:
         else:  # each table names its runs: a count here would mix runs no table shows
             what = (f"**recorded**: {self.reason}, so the GPU results come from committed runs, "
                     f"each named under the table it fills; CPU parts run live")
-        mode_line(
-            {
-                "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
-                "gpus_here": len(gpus), "recorded": [r.label for r in recorded]
-            }, f"Mode {what} (`MODE={self.requested!r}`).")
+        data = dict(experiment=self.experiment, mode=self.mode, gpus_needed=self.gpus,
+                    gpus_here=len(gpus), recorded=[r.label for r in recorded])
+        mode_line(data, f"Mode {what} (`MODE={self.requested!r}`).")
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
-        """A RunSet: live, measured now with ``measure.run`` (and saved under data/runs/); recorded,
-        the committed runs a reader sees; a NoRun where there is none."""
+        """A RunSet: measured now with ``measure.run`` (live), else the committed runs."""
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus
             self.measure(lambda: measure.run(p, progress=progress), params=p,
                          method_version=measure.METHOD_VERSION, gpu_count=gpus)
-        shown = self.shown()
+        shown = list(self._live) or C.shown(self.claims, runs.load_all_recorded(self.experiment))
         if not shown:
             return runs.NoRun(
                 self.experiment, f"no recorded {self.experiment} run yet: `sglab record "
@@ -232,12 +222,6 @@ class Workbook:
         print(f"[sglab] measured live: {run.label} → {where}")
         return run
 
-    def shown(self) -> list[runs.Run]:
-        """This session's live runs, else the recorded runs its claims module shows."""
-        if self._live:
-            return list(self._live)
-        return C.shown(self.claims, runs.load_all_recorded(self.experiment))
-
 
 def card(fix, claims, run, engine) -> None:
     """A notebook's review card (:mod:`sglab.core.card`)."""
@@ -247,8 +231,7 @@ def card(fix, claims, run, engine) -> None:
     display(None, md.replace("**", "").replace("> ", ""), md)
 
 
-# JupyterLab and the report right-align table cells (for numbers); a claims table is sentences, read
-# from the left and from the top of each row
+# JupyterLab right-aligns table cells (for numbers); a claims table is sentences
 _CELL = "text-align:left;vertical-align:top"
 _STATUS_STYLE = {
     C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b;font-weight:600",
@@ -262,17 +245,14 @@ def verdict_html(claims, run) -> str:
     for r in C.reader_facing(results):
         detail = r.outcome.measured if r.status != C.NA else ""
         why = r.outcome.reason if r.status != C.PASS else ""
-        texts = (f"<code>{html.escape(r.claim.id)}</code>",
-                 html.escape(r.claim.statement), r.status, html.escape(str(detail)),
-                 html.escape(r.claim.expected), html.escape(why))
-        rows.append("<tr>" + "".join(
-            f"<td style='{_CELL}" +
-            (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
-            for i, t in enumerate(texts)) + "</tr>")
+        escaped = [html.escape(t) for t in (r.claim.statement, str(detail), r.claim.expected, why)]
+        texts = [f"<code>{html.escape(r.claim.id)}</code>", escaped[0], r.status, *escaped[1:]]
+        styles = [_CELL] * 2 + [f"{_CELL};{_STATUS_STYLE[r.status]}"] + [_CELL] * 3
+        cells = "".join(f"<td style='{s}'>{t}</td>" for s, t in zip(styles, texts))
+        rows.append(f"<tr>{cells}</tr>")
         folded = [f for f in results if f.parent == r.claim.id]
         if folded:  # a check that does not apply is neither held nor failed
-            ok = sum(f.status == C.PASS for f in folded)
-            na = sum(f.status == C.NA for f in folded)
+            ok, na = C.counts(folded)[C.PASS], C.counts(folded)[C.NA]
             items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
                             f"style='{_STATUS_STYLE[f.status]}'>"
                             f"{f.status}</span> — {html.escape(f.claim.statement)}: "

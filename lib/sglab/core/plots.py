@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 
-PALETTE = {
-    "before": "#c0392b", "after": "#2471a3", "eager": "#7f8c8d", "graph": "#2471a3",
-    "neutral": "#34495e", "accent": "#d68910"
-}
+PALETTE = dict(before="#c0392b", after="#2471a3", eager="#7f8c8d", graph="#2471a3",
+               neutral="#34495e", accent="#d68910")
 CYCLE = ["#2471a3", "#c0392b", "#229954", "#d68910", "#7d3c98", "#17a589", "#5d6d7e", "#a04000"]
 
 
@@ -53,10 +51,8 @@ def caption(fig, source: Any = None, extra: str = "") -> str:
 
 
 # -- diagram: drawing primitives for the mechanism pictures on each notebook's first screen -------
-BOX_COLORS = {
-    "before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
-    "removed": "#f5b7b1", "kept": "#d5f5e3"
-}
+BOX_COLORS = dict(before="#f5b7b1", after="#aed6f1", neutral="#e5e8e8", accent="#f9e79f",
+                  removed="#f5b7b1", kept="#d5f5e3")
 
 
 def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3)):
@@ -65,8 +61,7 @@ def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3
 
     apply_style()
     fig, ax = plt.subplots(figsize=(width, height), constrained_layout=True)
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
+    ax.set(xlim=xlim, ylim=ylim)
     ax.axis("off")
     return fig, ax
 
@@ -97,10 +92,8 @@ def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str
 
 
 # -- timeline: before and after as aligned swim-lanes on one time axis, as a profiler shows them --
-CATEGORY_COLORS = {
-    "kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
-    "op": "#d5d8dc", "range": "none"
-}
+CATEGORY_COLORS = dict(kernel="#5d6d7e", memcpy="#17a589", memset="#48c9b0", runtime="#a9cce3",
+                       op="#d5d8dc", range="none")
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
@@ -110,29 +103,14 @@ def window(events):
         start_us=events.start_us - events.start_us.min()) if len(events) else events
 
 
-def totals(events, highlight: str | None = None) -> dict:
-    """Span, device activity and highlighted events of one table: the numbers the plot annotates."""
-    dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
-    hit = events[events.name.str.contains(highlight)] if highlight else events.iloc[0:0]
-    hit = hit[hit.category != "range"]
-    span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(
-        events) else 0.0
-    return {
-        "span_us": span, "kernels": int(
-            (dev.category == "kernel").sum()), "device_us": float(dev.dur_us.sum()),
-        "highlighted": int(len(hit)), "highlighted_us": float(hit.dur_us.sum())
-    }
-
-
 def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
              highlight_label: str = "mechanism",
              categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime",
                                           "range"), title: str = "", ax=None):
-    """Swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis; events matching
-    ``highlight`` (a regular expression) in the accent colour, counted."""
+    """Swim-lanes per variant on one µs axis; events matching ``highlight`` in the accent colour."""
     from matplotlib.patches import Patch
 
-    rows, labels, first = [], [], {}
+    rows, first = [], {}
     for variant, ev in tables.items():
         ev = ev[ev.category.isin(categories)]
         order = {
@@ -142,11 +120,9 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
         for lane in sorted(order, key=lambda lane: (order[lane], lane)):
             first.setdefault(variant, len(rows))
             rows.append((variant, lane, ev[ev.lane == lane]))
-            labels.append(f"{variant} · {lane}")
     if ax is None:
-        fig, ax = figure(width=11.0, height=0.9 + 0.42 * max(1, len(rows)))
-    else:
-        fig = ax.figure
+        _, ax = figure(width=11.0, height=0.9 + 0.42 * max(1, len(rows)))
+    fig = ax.figure
     for y, (variant, lane, ev) in enumerate(rows):
         y = len(rows) - 1 - y
         for cat, g in ev.groupby("category"):
@@ -164,7 +140,7 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
                 if len(part):
                     ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
                                    (y - 0.3, 0.6), facecolors=color, edgecolors="none")
-    ax.set_yticks(range(len(rows)), list(reversed(labels)))
+    ax.set_yticks(range(len(rows)), [f"{variant} · {lane}" for variant, lane, _ in rows[::-1]])
     ax.set_xlabel("time from the first event (µs)")
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.grid(axis="y", visible=False)
@@ -172,17 +148,16 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
         ax.set_title(title)
     for variant, ev in tables.items():  # each variant's totals beside its first lane
         if variant in first:
-            t = totals(ev, highlight)
-            text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels" + (
-                f" · {highlight_label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
-                if highlight else "")
+            span = (ev.start_us + ev.dur_us).max() - ev.start_us.min() if len(ev) else 0.0
+            text = f"{span:.0f} µs · {(ev.category == 'kernel').sum()} kernels"
+            if highlight:
+                marked = ev[ev.name.str.contains(highlight) & (ev.category != "range")]
+                text += f" · {highlight_label}: {len(marked)} ({marked.dur_us.sum():.0f} µs)"
             ax.annotate(text, (1.005, len(rows) - 1 - first[variant]),
                         xycoords=("axes fraction", "data"), va="center", fontsize=8,
                         color=PALETTE["before" if variant == list(tables)[0] else "after"])
-    handles = [
-        Patch(facecolor=CATEGORY_COLORS[c], label=c)
-        for c in categories if CATEGORY_COLORS.get(c, "none") != "none"
-    ]
+    drawn = [c for c in categories if CATEGORY_COLORS.get(c, "none") != "none"]
+    handles = [Patch(facecolor=CATEGORY_COLORS[c], label=c) for c in drawn]
     if highlight and highlight_label:
         handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),

@@ -1,8 +1,6 @@
-"""Stopping what the workbook starts: one way for every process group it launches. :func:`stop`
-ends a group and every escapee carrying its marker variable (SIGTERM, a grace period, SIGKILL);
-:class:`Guard` keeps that promise however the harness ends (an exception, SIGTERM/SIGHUP raised as
-:class:`Terminated`, or the harness killed outright: a watchdog then stops every group).
-"""
+"""Stopping what the workbook starts: :func:`stop` ends a process group and every escapee carrying
+its marker variable (SIGTERM, a grace period, SIGKILL); :class:`Guard` keeps that promise however
+the harness ends (an exception, SIGTERM/SIGHUP, or killed outright: a watchdog)."""
 
 from __future__ import annotations
 
@@ -25,12 +23,10 @@ import psutil
 MARKER_VAR = "SGLAB_ENGINE_RUN"
 GRACE_S = 10.0
 KILL_WAIT_S = 5.0
-# the same signal again this soon is the same stop, not a second one: an outer `timeout` signals
-# the whole group and engine_gpu.sh forwards it to its `sglab` as well
+# the same signal again this soon is the same stop (an outer `timeout` signals the whole group)
 DUPLICATE_S = 0.5
 
-# run a command on a fixed set of CPUs: the affinity is set, then the command replaces this
-# process (same pid, same group), and every process it starts inherits the set
+# set the affinity, then replace this process with the command (same pid and group)
 _PIN = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
         "os.execvp(sys.argv[2], sys.argv[2:])")
 
@@ -43,8 +39,7 @@ def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
 
 
 def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
-    """The JSON object ``python -c code`` prints last in a fresh process (on ``cpus`` where given);
-    ``{"error": ...}`` where it could not run."""
+    """The JSON object ``python -c code`` prints last in a fresh process (or an error)."""
     try:
         p = subprocess.run(pinned([sys.executable, "-c", code], cpus), capture_output=True,
                            text=True, timeout=timeout)
@@ -97,7 +92,7 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
 
 
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
-    """Stop process ``pid`` and its descendants (one that leads no group, e.g. a Jupyter kernel)."""
+    """Stop process ``pid`` and its descendants (one that leads no group)."""
     with suppress(psutil.Error):
         return stop_seen([psutil.Process(pid)], grace=grace)
     return Stopped()
@@ -111,8 +106,7 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
-    """Stop those of ``seen`` (psutil processes) still running and what they started meanwhile: a
-    pid reused since is not touched (psutil compares start times)."""
+    """Stop those of ``seen`` (psutil processes) still running and what they started meanwhile."""
     seen = list({p.pid: p for p in seen}.values())
 
     def live() -> list[psutil.Process]:
@@ -145,8 +139,7 @@ def _stop(again, pgid: Optional[int], grace: float) -> Stopped:
 
 
 def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``live`` still running after up to ``timeout`` seconds, a zombie gone (its parent
-    reaps it and keeps its exit status, which ``psutil.wait_procs`` would take)."""
+    """Those of ``live`` still running after up to ``timeout`` seconds (a zombie: gone)."""
     deadline = time.monotonic() + timeout
     while True:
         live = [p for p in live if _alive(p)]
@@ -196,9 +189,7 @@ _DOGS: list = []  # the watchdogs of the guards held now
 
 
 def _raise_terminated(signum, _frame):
-    """Raise :class:`Terminated`, once: a second SIGTERM or SIGHUP during the clean-up exits at once
-    (128 + the first) where a watchdog holds the groups; else, or for a copy of the first within
-    :data:`DUPLICATE_S`, the (bounded) clean-up goes on."""
+    """Raise :class:`Terminated` once; a second signal exits at once where a watchdog is held."""
     at = time.monotonic()
 
     def again(sig, _f):
@@ -215,9 +206,7 @@ def _raise_terminated(signum, _frame):
 
 
 class Guard:
-    """Hold while process groups run (see the module docstring): SIGTERM/SIGHUP become
-    :class:`Terminated` (only in the main thread, and only where no handler of the program's own is
-    set), and a watchdog stops every group given to :meth:`watch` if this process dies first."""
+    """While held, SIGTERM/SIGHUP raise :class:`Terminated`; a watchdog stops groups if we die."""
 
     def __init__(self, watchdog: bool = True):
         self.watchdog = watchdog
@@ -230,14 +219,12 @@ class Guard:
                 if signal.getsignal(s) in (signal.SIG_DFL, None):
                     self._saved[s] = signal.signal(s, _raise_terminated)
         if self.watchdog:
+            lib = str(Path(__file__).resolve().parents[2])
             env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(Path(__file__).resolve().parents[2]),
-                              env.get("PYTHONPATH")]))
-            self._dog = subprocess.Popen(
-                [sys.executable, "-m", "sglab.core.procs", "watch",
-                 str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                start_new_session=True, text=True)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [lib, env.get("PYTHONPATH")]))
+            argv = [sys.executable, "-m", "sglab.core.procs", "watch", str(os.getpid())]
+            self._dog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                         env=env, start_new_session=True, text=True)
             _DOGS.append(self._dog)
         return self
 

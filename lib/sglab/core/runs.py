@@ -1,8 +1,6 @@
-"""Runs on disk: a tidy CSV (``experiment, variant, <parameter columns>, metric, value, unit``) and
-a JSON manifest per run, named ``<UTC time>_<gpu>``, under ``data/runs/`` (live) or
-``data/recorded/``, with their sidecars beside. A run reads back as a :class:`Run` with a typed
-:class:`Manifest`; what a notebook section shows is a :class:`RunSet` (:class:`NoRun` when empty).
-"""
+"""Runs on disk: a tidy CSV (``experiment, variant, <parameters>, metric, value, unit``), a JSON
+manifest and sidecars per run under ``data/runs/`` (live) or ``data/recorded/``, read back as a
+:class:`Run`; what a notebook section shows is a :class:`RunSet` (:class:`NoRun` when empty)."""
 
 from __future__ import annotations
 
@@ -81,13 +79,11 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     gpus = hardware.gpus() if hardware.has_cuda() else ()
     sw = hardware.software()
     names = sorted({g.name for g in gpus})
-    return {
-        "gpu_name": " + ".join(names) or "cpu",
-        "gpu_count": len(gpus) if gpu_count is None else int(gpu_count),
-        "gpu_count_machine": len(gpus), "gpu_memory_mib": gpus[0].memory_mib if gpus else None,
-        "driver": sw["driver"], "cuda": sw["cuda"], "torch": sw["torch"], "python": sw["python"],
-        "platform": sys.platform
-    }
+    return dict(gpu_name=" + ".join(names) or "cpu",
+                gpu_count=len(gpus) if gpu_count is None else int(gpu_count),
+                gpu_count_machine=len(gpus), gpu_memory_mib=gpus[0].memory_mib if gpus else None,
+                driver=sw["driver"], cuda=sw["cuda"], torch=sw["torch"], python=sw["python"],
+                platform=sys.platform)
 
 
 def same_file(a, b) -> bool:
@@ -102,16 +98,16 @@ def others(run, candidates: list) -> list:
 
 
 def run_stem(manifest: dict, when: datetime) -> str:
-    """A recorded file's name without suffix: ``20261128T072311Z_nvidia-h100-80gb-hbm3-x1``."""
+    """A recorded file's name: ``20261128T072311Z_nvidia-h100-80gb-hbm3-x1``."""
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", manifest["gpu_name"]).strip("-").lower() or "cpu"
     return f"{when.strftime('%Y%m%dT%H%M%SZ')}_{gpu}-x{manifest['gpu_count']}"
 
 
-def _atomic(folder: Path, path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=path.suffix)
+def _atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -121,8 +117,7 @@ def _atomic(folder: Path, path: Path, write) -> None:
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
               gpu_count: int | None = None, extra: dict | None = None,
               sidecars: dict | None = None) -> Path:
-    """Write ``df``, its ``sidecars`` (``{name: DataFrame or file path}``) and its manifest, each
-    renamed into place, the manifest last (a reader never sees half a run): the CSV path."""
+    """Write ``df``, its ``sidecars`` and its manifest last, each renamed into place."""
     missing = [c for c in ("experiment", *REQUIRED) if c not in df.columns]
     if missing:
         raise ValueError(f"not a tidy run frame: missing columns {missing}")
@@ -154,19 +149,16 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
             suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # .json.gz
             target = folder / f"{csv_path.stem}.{name}{suffix}"
             data = src.read_bytes()
-        _atomic(folder, target, lambda f: f.write(data))
+        _atomic(target, data)
         manifest.setdefault("sidecars", {})[name] = target.name
-    _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
-    _atomic(folder, json_path,
-            lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
+    _atomic(csv_path, df.to_csv(index=False).encode())
+    _atomic(json_path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
     return csv_path
 
 
 def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, params: dict,
             root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
-    """Write what ``fn`` returns (:func:`write_run`), with its times: the CSV path and rows. The
-    temporary files of ``fn`` and what it starts (trace folders, ranks' logs) are made in a folder
-    of their own, removed once the run and its sidecars are written."""
+    """Write what ``fn`` returns (:func:`write_run`) with its times: the CSV path and rows."""
     from sglab.core import timing
 
     timing.take()
@@ -174,31 +166,24 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
     with _scratch():
         out = fn()
         out = out if isinstance(out, Measured) else Measured(out)
-        extra = {
-            **out.extra, "duration_s": round(time.perf_counter() - t0, 1),
-            "phases_s": timing.take()
-        }
+        took = round(time.perf_counter() - t0, 1)
+        extra = {**out.extra, "duration_s": took, "phases_s": timing.take()}
         return write_run(out.df, experiment=experiment, method_version=method_version,
                          params=params, root=root, gpu_count=gpu_count, extra=extra,
                          sidecars=out.sidecars), len(out.df)
 
 
 def shared_caches() -> dict:
-    """What stays in the shared temporary folder when a run's own is elsewhere: torch's compile
-    cache (its default place), shared between runs."""
+    """What stays in the shared temporary folder when a run's own is elsewhere (torch's cache)."""
     import getpass
 
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(
-            Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
-    }
+    folder = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder)}
 
 
 @contextmanager
 def _scratch():
-    """The temporary folder of this process and its children is a new one, removed at the end;
-    the shared caches (:func:`shared_caches`) and this process's multiprocessing folder (which
-    outlives the run) stay where they were."""
+    """A new temporary folder for this process and its children, removed at the end."""
     import multiprocessing.util
 
     multiprocessing.util.get_temp_dir()
@@ -293,15 +278,11 @@ class Manifest:
 
     @property
     def tp(self) -> int:
-        """The tensor-parallel size the run used: its parameters' ``tp_size`` or ``world_size``,
-        else an engine run's ``--tp-size`` (1 without), else its GPU count."""
-        for key in ("tp_size", "world_size"):
-            if self.params.get(key):
-                return int(self.params[key])
-        specs = self.params.get("specs") or []
-        if specs:
-            return max(s["tp"] for s in specs)
-        return int(self.gpu_count or 1)
+        """The TP size: ``tp_size`` or ``world_size``, else the engine's, else the GPU count."""
+        if size := self.params.get("tp_size") or self.params.get("world_size"):
+            return int(size)
+        specs = [s["tp"] for s in self.params.get("specs") or []]
+        return max(specs) if specs else int(self.gpu_count or 1)
 
 
 def tp_of(argv) -> int:
@@ -330,8 +311,7 @@ class Run:
             self.manifest = Manifest.of(self.manifest)
 
     def memo(self, key: str, make: Callable[[], Any], *, shared: bool = False):
-        """``make()``, computed once per run and key, a deep copy to each caller; ``shared``: the
-        one object, for a frame no caller changes in place (:mod:`sglab.core.engine_stats`)."""
+        """``make()`` once per run and key, a deep copy to each caller (``shared``: the one)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key] if shared else copy.deepcopy(self._memo[key])
@@ -341,26 +321,23 @@ class Run:
         return self.manifest.label
 
     def sidecar(self, name: str):
-        """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
-        absent. An empty text cell reads back as ``""`` (as NaN, groupby would drop its rows)."""
+        """A sidecar: a DataFrame for a ``.csv.gz`` (empty text ``""``), else its path; None."""
         fname = self.manifest.sidecars.get(name)
         if not fname or not (path := self.path.parent / fname).exists():
             return None
         if fname.endswith(".csv.gz"):
             import pandas as pd
 
-            df = pd.read_csv(path)
-            for col, dtype in df.dtypes.items():
-                if dtype == object or pd.api.types.is_string_dtype(dtype):
-                    df[col] = df[col].fillna("")
+            df = pd.read_csv(path)  # an empty text cell as NaN: groupby would drop its rows
+            text = df.select_dtypes(include=["object", "string"]).columns
+            df[text] = df[text].fillna("")
             return df
         return path
 
 
 @dataclass
 class RunSet:
-    """The runs a notebook section shows (``shown``; the first is the one a single-run table reads)
-    and those recorded on other GPU models (``elsewhere``). Empty, it is falsy and says why."""
+    """The runs a notebook section shows and those recorded on other GPU models (``elsewhere``)."""
 
     shown: list = field(default_factory=list)
     elsewhere: list = field(default_factory=list)
@@ -414,9 +391,8 @@ def gpu_short(source) -> str:
 
 def newest_by(runs_: list, key) -> dict:
     """``{key(run): newest run}`` ordered by key, e.g. one run per GPU model (``key=gpu_short``)."""
-    return dict(
-        sorted({key(r): r
-                for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}.items()))
+    by_key = {key(r): r for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}
+    return dict(sorted(by_key.items()))
 
 
 def newest(runs_: list, key, *, reverse: bool = False) -> list:
@@ -435,10 +411,8 @@ def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
 def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = None) -> list[Path]:
     """CSV paths of complete runs (a CSV with its manifest), oldest first."""
     folder = (root or data_dir(kind)) / experiment
-    found = [
-        p for p in folder.glob("*.csv")
-        if not p.name.startswith(".") and p.with_suffix(".json").exists()
-    ]
+    csvs = [p for p in folder.glob("*.csv") if not p.name.startswith(".")]
+    found = [p for p in csvs if p.with_suffix(".json").exists()]
 
     def key(p: Path):
         created = ""
@@ -454,8 +428,7 @@ def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]
 
 
 def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = False) -> Path:
-    """Copy a live run and its files into ``data/recorded/<experiment>/``: the new CSV path. A
-    recorded file is replaced only with ``force`` (else FileExistsError)."""
+    """Copy a live run and its files into ``data/recorded/<experiment>/`` (replace: ``force``)."""
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)

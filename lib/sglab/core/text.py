@@ -1,8 +1,5 @@
-"""One way to say a number: a range of values, a count, a table's counts and blanks.
-
-Every table and sentence of the workbook formats its numbers here, so that ``1.21–3.50×``, ``140``
-(not ``140.0``) and a blank for what does not apply read the same in every notebook.
-"""
+"""One way to say a number (``1.21–3.50×``, ``140`` not ``140.0``, a blank for what does not apply),
+the same in every table and sentence of the workbook."""
 
 from __future__ import annotations
 
@@ -10,15 +7,13 @@ from typing import Iterable, Sequence
 
 
 def signed(value: float, fmt: str = "{:+.0%}") -> str:
-    """``value`` in ``fmt``, without the sign of a figure that prints as zero: ``-0.004`` ->
-    ``0%``, not ``-0%``."""
+    """``value`` in ``fmt``, a figure that prints as zero without its sign (not ``-0%``)."""
     said = fmt.format(value)
     return said[1:] if said[:1] in "+-" and not said.strip("+-0.%×") else said
 
 
 def span(values: Iterable[float], fmt: str = "{:.2f}", unit: str = "") -> str:
-    """``lo–hi`` of ``values`` in ``fmt`` (one figure where both ends print alike; a zero without
-    its sign), then ``unit``: ``span([1.2, 3.5], unit="×")`` -> ``1.20–3.50×``."""
+    """``lo–hi`` of ``values`` in ``fmt`` then ``unit`` (one figure where both ends print alike)."""
     got = [v for v in values if v == v]  # NaN left out
     if not got:
         return ""
@@ -27,9 +22,7 @@ def span(values: Iterable[float], fmt: str = "{:.2f}", unit: str = "") -> str:
 
 
 def count(values, *, exact: bool = False) -> str:
-    """Counts as text: one figure where they all agree, else ``lowest–highest``; a single value
-    may be given alone (``count(148.0)`` -> ``148``). ``exact``: a count that is a mean (18.5
-    kernels per layer) keeps its decimals, so that 17.5 and 18.5 do not both read ``18``."""
+    """Counts as text: one figure where all agree, else ``lowest–highest`` (``exact``: decimals)."""
     if isinstance(values, (int, float, str)):
         values = [values]
     got = [v for v in map(float, values) if v == v]
@@ -49,8 +42,7 @@ def whole(value) -> str:
 
 
 def counts(df, cols: Sequence[str] | None = None, *, where_whole: bool = False):
-    """A copy of ``df`` whose ``cols`` (default all) read as whole numbers (``306``, not ``306.0``;
-    missing stays missing); ``where_whole``: only columns whose every value is whole."""
+    """A copy of ``df`` whose ``cols`` read as whole numbers (``where_whole``: where all are)."""
     import pandas as pd
 
     out = df.copy()
@@ -63,8 +55,7 @@ def counts(df, cols: Sequence[str] | None = None, *, where_whole: bool = False):
 
 
 def blank(df, cols: Sequence[str] | None = None):
-    """A copy of ``df`` for reading, its missing cells (NaN, ``<NA>``) blank, in ``cols`` (those it
-    has) or everywhere: a cell that does not apply, not a number lost."""
+    """A copy of ``df`` for reading, its missing cells in ``cols`` (default all) blank."""
     out = df.copy()
     for c in (out.columns if cols is None else [c for c in cols if c in out]):
         out[c] = out[c].astype(object).where(out[c].notna(), "")

@@ -51,8 +51,7 @@ def _check_counts(warmup: int, repeat: int) -> None:
 
 def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
               device=None) -> Timing:
-    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls, on
-    ``device`` (the current CUDA device by default)."""
+    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls."""
     import torch
 
     _check_counts(warmup, repeat)
@@ -102,8 +101,7 @@ def _sync() -> None:
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
                 repeat: int = 60,
                 timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
-    """Time variants in alternating rounds (A B C, A B C, ...), samples pooled per variant, so
-    drift lands on every variant; ``timer``: :func:`cuda_time` by default."""
+    """Time variants in alternating rounds (A B C, A B C, ...) so drift lands on every variant."""
     if not fns:
         raise ValueError("interleaved needs at least one variant")
     if rounds < 1:
@@ -153,8 +151,7 @@ def take() -> dict:
 
 # -- the host's per-launch cost --------------------------------------------------------------------
 class Burst:
-    """``n`` tiny kernels launched back to back, synchronised once; each call appends its time to
-    :attr:`host_ms`: on a GPU, the host's time per launch that an eager step pays per kernel."""
+    """``n`` tiny kernels launched back to back, synchronised once; times in :attr:`host_ms`."""
 
     def __init__(self, device, n: int):
         import torch

@@ -1,8 +1,6 @@
-"""The small decoder-only transformer that the prefill notebooks share (01, 03), shaped like the
-models SGLang serves (``.model.layers[i].self_attn.attn``, ``lm_head``, a ``logits_processor``),
-token-major, each layer split at attention (:meth:`DecoderLayer.pre_attn`, ``post_attn``) so a
-runner can capture what lies between; the attention op, positions and initialisation are parameters.
-"""
+"""The small decoder-only transformer of the prefill notebooks (01, 03), shaped like SGLang's models
+(``.model.layers[i].self_attn.attn``, ``lm_head``, ``logits_processor``), each layer split at
+attention (``pre_attn``, ``post_attn``) so a runner can capture what lies between."""
 
 from __future__ import annotations
 
@@ -40,17 +38,6 @@ class DecoderConfig:
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
 
-class RMSNorm(nn.Module):
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 class Rotary(nn.Module):
     """cos/sin tables indexed by position (non-persistent buffers, in the model dtype)."""
 
@@ -70,8 +57,7 @@ class Rotary(nn.Module):
 
     def forward(self, x, positions):  # x: (n, ..., d), q and k rotated together
         shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        cos = self.cos[positions].view(shape)
-        sin = self.sin[positions].view(shape)
+        cos, sin = (t[positions].view(shape) for t in (self.cos, self.sin))
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -85,10 +71,8 @@ class CausalAttention(nn.Module):
 
     def forward(self, q, k, v):  # (n, heads, d) each -> (n, heads * d)
         n = q.shape[0]
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            k.transpose(0, 1).unsqueeze(0),
-            v.transpose(0, 1).unsqueeze(0), is_causal=True)
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.squeeze(0).transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
 
 
@@ -122,9 +106,9 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.self_attn = SelfAttention(cfg, attention)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def pre_attn(self, h, positions, rotary: Optional[Rotary] = None):
@@ -156,7 +140,7 @@ class DecoderStack(nn.Module):
         if cfg.positions == "learned":
             self.embed_positions = nn.Embedding(cfg.max_position, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, attention) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.rotary = Rotary(cfg.head_size, cfg.max_position,
                              cfg.rope_base) if cfg.positions == "rotary" else None
 
@@ -186,8 +170,7 @@ class LogitsProcessor(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A causal LM shaped as SGLang's (``.model``, ``.lm_head``, ``.logits_processor``);
-    ``lm_head=False`` leaves the head out (a prefill measured up to the final norm)."""
+    """A causal LM shaped as SGLang's; ``lm_head=False`` leaves the head out."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *,
                  lm_head: bool = True):
@@ -206,8 +189,7 @@ class CausalLM(nn.Module):
 
 # -- initialisation: one scheme per notebook, the weights its recorded runs were measured with ----
 def init_normal_(model: nn.Module) -> nn.Module:
-    """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, norms left at 1; draws from
-    the global RNG (seed it before building the model: construction draws too)."""
+    """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, from the global RNG."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -215,11 +197,14 @@ def init_normal_(model: nn.Module) -> nn.Module:
     return model
 
 
-def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn.Module:
-    """Unit-variance projections, ``o_proj``/``down_proj`` scaled by ``1/sqrt(2 * layers)``, N(0, 1)
-    embeddings, norms 1 (the bf16 residual stream stays O(1)), drawn on the model's device."""
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(int(seed))
+def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
+                    num_layers: int) -> nn.Module:
+    """``factory()`` on ``device`` in ``dtype``, frozen, in eval mode: unit-variance projections,
+    ``o_proj``/``down_proj`` scaled by ``1/sqrt(2 * layers)``, N(0, 1) embeddings, norms 1."""
+    with torch.device(device):
+        model = factory()
+    model = model.to(dtype=dtype)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(int(seed))
     out_scale = 1.0 / math.sqrt(2 * num_layers)
     with torch.no_grad():
         for name, prm in model.named_parameters():
@@ -231,18 +216,7 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
                 out = name.endswith(("o_proj.weight", "down_proj.weight"))
                 prm.normal_(0.0, (out_scale if out else 1.0) / math.sqrt(prm.shape[1]),
                             generator=gen)
-    return model
-
-
-def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
-                    num_layers: int) -> nn.Module:
-    """``factory()`` built on ``device``, cast to ``dtype``, initialised by
-    :func:`init_residual_scaled_` (rotary tables recomputed), frozen, in eval mode."""
-    with torch.device(device):
-        model = factory()
-    model = model.to(dtype=dtype)
-    init_residual_scaled_(model, seed=seed, num_layers=num_layers)
-    for m in model.modules():
+    for m in model.modules():  # the rotary tables recomputed
         if isinstance(m, Rotary):
             m.reset(device, dtype)
     model.requires_grad_(False)

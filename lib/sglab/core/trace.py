@@ -10,21 +10,17 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-# Kineto (torch 2.13) prints "USDT: profiler_start/stop" lines on stderr at every session; they
-# would land in notebook cells as stderr output. Level 6 keeps errors out of the way too, so it is
-# only set where unset.
+# Kineto (torch 2.13) prints "USDT: profiler_start/stop" lines on stderr, into notebook cells, at
+# every session; level 6 hides errors too, so it is only set where unset
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 COLUMNS = ["lane", "name", "category", "start_us", "dur_us", "phase"]
 PHASE_PREFIX = "phase::"
 
-# FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see
-# _category)
-_ACTIVITY = {
-    "kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_runtime": "runtime",
-    "cuda_driver": "runtime", "user_annotation": "range", "gpu_user_annotation": "range",
-    "cpu_op": "op", "python_function": "op"
-}
+# FunctionEvent.activity_type (torch >= 2.12) -> category; older torch: by name (_category)
+_ACTIVITY = dict(kernel="kernel", gpu_memcpy="memcpy", gpu_memset="memset", cuda_runtime="runtime",
+                 cuda_driver="runtime", user_annotation="range", gpu_user_annotation="range",
+                 cpu_op="op", python_function="op")
 
 
 @functools.cache
@@ -72,8 +68,7 @@ def on_device(lanes):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler events as :data:`COLUMNS`, each in its innermost phase range (on its own
-    side: host or device); host ops with ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS`, each in its innermost phase range."""
     import numpy as np
     import pandas as pd
 
@@ -90,10 +85,8 @@ def event_table(events, *, keep_ops: bool = False):
         else:
             lane = "runtime" if cat == "runtime" else (
                 "host" if ev.thread == main_thread else f"host {ev.thread}")
-        rows.append({
-            "lane": lane, "name": ev.name, "category": cat, "start_us": float(ev.time_range.start),
-            "dur_us": float(ev.time_range.end - ev.time_range.start)
-        })
+        start, end = float(ev.time_range.start), float(ev.time_range.end)
+        rows.append(dict(lane=lane, name=ev.name, category=cat, start_us=start, dur_us=end - start))
     df = pd.DataFrame(rows)
     df["start_us"] -= df.start_us.min()
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
@@ -112,37 +105,32 @@ def event_table(events, *, keep_ops: bool = False):
 
 
 class Recorder:
-    """Profile the ``with`` block (CPU, plus CUDA when usable) into :attr:`events`; ``perfetto``:
-    also torch's Perfetto trace there (gzipped as ``.gz``); ``keep_ops``: keep host torch ops."""
+    """Profile the ``with`` block (CPU, plus CUDA when usable) into :attr:`events`."""
 
     def __init__(self, *, perfetto: str | Path | None = None, keep_ops: bool = False,
                  cuda: bool | None = None):
         import torch
 
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.sync = torch.cuda.synchronize if self.cuda else (lambda: None)
         self.perfetto = Path(perfetto) if perfetto else None
         self.keep_ops = keep_ops
-        self.events = None
-        self._prof = None
+        self.events = self._prof = None
 
     def __enter__(self):
-        import torch
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if self.cuda:
             _warm_profiler()
-            torch.cuda.synchronize()
+        self.sync()
         # torch 2.11 warns on events() otherwise
         self._prof = profile(activities=activities, acc_events=True)
         self._prof.__enter__()
         return self
 
     def __exit__(self, *exc):
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.sync()
         self._prof.__exit__(*exc)
         if exc[0] is None:
             self.events = event_table(self._prof.events(), keep_ops=self.keep_ops)
@@ -154,8 +142,7 @@ class Recorder:
 
 def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
                    perfetto_prefix: str | None = None) -> tuple:
-    """Each of ``fns`` (``{"<variant> <n>": callable}``) in its own :func:`phase` of one
-    :class:`Recorder`: the events with ``variant`` and int ``column``, and the Perfetto file."""
+    """Each of ``fns`` (``{"<variant> <n>": callable}``) in its own phase: events, Perfetto file."""
     import torch
 
     if warm:
