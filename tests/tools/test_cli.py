@@ -30,8 +30,7 @@ print(",".join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
 
 def _commands() -> list[str]:
     sub = argparse.ArgumentParser().add_subparsers()
-    cli._workbook_commands(sub)
-    cli._evidence_commands(sub)
+    cli._commands(sub)
     return list(sub.choices)
 
 
@@ -58,8 +57,7 @@ def test_help_of_sglab_and_of_every_command_loads_no_numeric_stack():
 
 def test_every_command_says_what_it_does_and_what_each_argument_means():
     sub = argparse.ArgumentParser().add_subparsers()
-    cli._workbook_commands(sub)
-    cli._evidence_commands(sub)
+    cli._commands(sub)
     bare = [
         f"{name} {a.option_strings[0] if a.option_strings else a.dest}"
         for name, p in sub.choices.items()

@@ -58,11 +58,9 @@ def _try_import(name: str) -> str | None:
 
 def machine_facts() -> dict:
     """Per stand-in, None where the real thing loads here, else the cause."""
-    return {
-        "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
-        "torchvision": _try_import("torchvision"), "sgl_kernel": _try_import("sgl_kernel"),
-        "cuda": hardware.has_cuda()
-    }
+    triton = None if importlib.util.find_spec("triton") is not None else "not installed"
+    return dict(triton=triton, torchvision=_try_import("torchvision"),
+                sgl_kernel=_try_import("sgl_kernel"), cuda=hardware.has_cuda())
 
 
 def plan(release: str, facts: dict) -> list[str]:
@@ -80,7 +78,6 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
     """:func:`machine_facts` of a fresh interpreter (what a worker will see)."""
     code = ("import json; from sglab.sglang.bootstrap import machine_facts; "
             "print(json.dumps(machine_facts()))")
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=timeout, env=worker_env(), stdin=subprocess.DEVNULL)
     if out.returncode != 0:
@@ -129,9 +126,6 @@ def import_release_module(prepared: Prepared, module: str):
                           f"{_cause(exc)}{extra}") from exc
 
 
-# -- shims: what a release needs before its first import on a machine it was not built for --------
-
-
 @dataclass(frozen=True)
 class Shim:
     name: str
@@ -167,8 +161,7 @@ class _StubMeta(type):
 
 
 class RaisingModule(types.ModuleType):
-    """A stand-in module: a CamelCase attribute is a stub class, any other a child stand-in module
-    (a submodule or a function) that raises :class:`StubCalled` when called."""
+    """A stand-in module: CamelCase attributes are stub classes, others child stand-ins."""
 
     def __init__(self, name: str, why: str, overrides: Optional[dict] = None):
         super().__init__(name)
@@ -222,7 +215,6 @@ def _load_file(path: Path, name: str) -> types.ModuleType:
     return mod
 
 
-# -- triton ----------------------------------------------------------------------------------------
 def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
     """``sys.modules[name]``, else a new one of the stub's mock type linked to its parent."""
     mod = sys.modules.get(name)
@@ -247,35 +239,10 @@ _TRITON_TREE = {
 }
 
 
-def _complete_triton_stub(stub: types.ModuleType) -> None:
-    """Real classes where torch 2.13's inductor needs them in the stub (those 0.5.2x's defines)."""
-    triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
-    for modname, classes in _TRITON_TREE.items():
-        mod = _mock(stub, modname)
-        for attr, base in classes.items():
-            if not isinstance(mod.__dict__.get(attr), type):
-                bases = () if base is None else (stub._StubBase if base == "stub" else base,)
-                setattr(mod, attr, type(f"_{attr}", bases, {}))
-    for modname in ("triton.compiler.compiler", "triton.runtime.cache"):
-        mod = _mock(stub, modname)
-        if "triton_key" not in mod.__dict__:
-            mod.triton_key = triton_key
+class _constexpr:
 
-
-def _install_platform_stub_triton(stub: types.ModuleType) -> None:
-    """0.5.2x's triton stub (inside ``install_platform_stubs``, gated to macOS), from its pieces."""
-    sys.meta_path.insert(0, stub._TritonFinder())
-    triton = stub._make_mock("triton")
-    triton.__version__ = "3.0.0"
-    triton.cdiv, triton.next_power_of_2, triton.Config = (stub._cdiv, stub._next_power_of_2,
-                                                          stub._Config)
-
-    class _constexpr:
-
-        def __init__(self, value=None):
-            self.value = value
-
-    _mock(stub, "triton.language").constexpr = _constexpr
+    def __init__(self, value=None):
+        self.value = value
 
 
 def install_triton_stub(release_root: Path) -> Shim:
@@ -286,33 +253,44 @@ def install_triton_stub(release_root: Path) -> Shim:
         stub = _load_file(old, "_sglab_sglang_triton_stub")
         stub.install()
         source = "sglang/_triton_stub.py"
-    elif new.exists():
+    elif new.exists():  # 0.5.2x's stub (in ``install_platform_stubs``, gated to macOS): its pieces
         stub = _load_file(new, "_sglab_sglang_platform_stubs")
-        _install_platform_stub_triton(stub)
+        sys.meta_path.insert(0, stub._TritonFinder())
+        triton = stub._make_mock("triton")
+        triton.__version__ = "3.0.0"
+        triton.cdiv, triton.next_power_of_2 = stub._cdiv, stub._next_power_of_2
+        triton.Config = stub._Config
+        _mock(stub, "triton.language").constexpr = _constexpr
         source = "triton part of sglang/_platform_stubs.py"
     else:
         raise ImportError("no triton here and the release ships no triton stub")
-    _complete_triton_stub(stub)
+    # real classes where torch 2.13's inductor needs them in the stub (those 0.5.2x's defines)
+    for modname, classes in _TRITON_TREE.items():
+        mod = _mock(stub, modname)
+        for attr, base in classes.items():
+            if not isinstance(mod.__dict__.get(attr), type):
+                bases = () if base is None else (stub._StubBase if base == "stub" else base,)
+                setattr(mod, attr, type(f"_{attr}", bases, {}))
+    for modname in ("triton.compiler.compiler", "triton.runtime.cache"):
+        mod = _mock(stub, modname)
+        if "triton_key" not in mod.__dict__:
+            mod.triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
     return Shim(
         "triton", f"no triton on this machine: the release's own stub ({source}), with the classes "
         "torch 2.13's inductor imports")
 
 
-# -- torchvision -----------------------------------------------------------------------------------
 def install_torchvision_absent(cause: str) -> Shim:
     """``torchvision.*`` served by modules whose functions raise when called."""
     _forget("torchvision")
     why = f"torchvision cannot be imported here ({cause})"
     # version 0.0: transformers keeps its PIL image processors
-    sys.meta_path.insert(
-        0,
-        _StubFinder("torchvision", why,
-                    overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
+    version = {"torchvision": {"__version__": "0.0+sglab.stub"}}
+    sys.meta_path.insert(0, _StubFinder("torchvision", why, overrides=version))
     return Shim("torchvision",
                 f"{why}: modules whose functions raise when called stand in (version 0.0)")
 
 
-# -- sgl_kernel ------------------------------------------------------------------------------------
 def install_kvcacheio_stub(cause: str) -> Shim:
     """An empty ``sgl_kernel`` with an inert ``kvcacheio`` (0.5.10.x imports it off the GPU)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
@@ -349,10 +327,9 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
     """Where CUDA is but sgl_kernel does not load: its functions raise when called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
+    weak_ref = {"sgl_kernel": {"weak_ref_tensor": lambda tensor: tensor}}
     sys.meta_path.insert(
-        0,
-        _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
-                    overrides={"sgl_kernel": {"weak_ref_tensor": lambda tensor: tensor}}))
+        0, _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",), overrides=weak_ref))
     _skip_fakes_of_missing_sgl_kernel_ops()
     return Shim(
         "sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
@@ -360,26 +337,18 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
         "sgl_kernel.scalar_type left to SGLang's fallback")
 
 
-# -- `sglab env` rows
 FACTS_FILE = "machine-facts.json"  # under the releases' home: the last answer and what it rests on
-
-
-def facts_key() -> dict:
-    """What :func:`machine_facts` of a fresh interpreter depends on (interpreter, folders, GPUs)."""
-    env = worker_env()
-    folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
-    return {
-        "python": sys.executable, "cuda_visible": env.get("CUDA_VISIBLE_DEVICES"), "paths": {
-            f: os.stat(f).st_mtime_ns
-            for f in dict.fromkeys(folders) if f and os.path.isdir(f)
-        }, "module": os.stat(__file__).st_mtime_ns
-    }
 
 
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` under :func:`facts_key`."""
-    path, key = home() / FACTS_FILE, facts_key()
+    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` under what it depends on."""
+    env = worker_env()
+    folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
+    paths = {f: os.stat(f).st_mtime_ns for f in dict.fromkeys(folders) if f and os.path.isdir(f)}
+    key = dict(python=sys.executable, cuda_visible=env.get("CUDA_VISIBLE_DEVICES"), paths=paths,
+               module=os.stat(__file__).st_mtime_ns)
+    path = home() / FACTS_FILE
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())
         if kept["key"] == key:
@@ -401,8 +370,7 @@ def shims_needed(release: str) -> list[str]:
 def real_release_rows() -> list[tuple[str, str]]:
     """``sglab env`` rows: the installed releases and the shims each needs here."""
     have = installed_releases()
-    missing = [v for v in PINNED if v not in have]
-    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)"
-                                         if missing else "")
-    return [("sglang releases", head)
-            ] + [(f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")) for v in have]
+    missing = ", ".join(v for v in PINNED if v not in have)
+    missing = f"; missing {missing} (`sglab real install`)" if missing else ""
+    rows = [(f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")) for v in have]
+    return [("sglang releases", f"{len(have)} in {home()}{missing}"), *rows]

@@ -16,8 +16,7 @@ TAG_URL = "https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{
 
 @dataclass(frozen=True)
 class Node:
-    """One step of the path: ``path`` under ``sglang/`` (``srt/mem_cache/memory_pool.py``),
-    ``symbol`` (``SWAKVPool.set_kv_buffer``) and what happens there, in a few words."""
+    """One step of the path: file under ``sglang/``, symbol, and what happens there."""
 
     path: str
     symbol: str
@@ -33,18 +32,14 @@ def read(version: str, path: str) -> str | None:
     from sglab.sglang import wheels
 
     wheel = wheels.cached(version, wheels.cache_dir())
-    if wheel is None:
-        return None
-    return wheels.reader(wheel)(path)
+    return wheels.reader(wheel)(path) if wheel is not None else None
 
 
 def line_of(version: str, node: Node) -> int | None:
     """The line where ``node.symbol`` (its first decorator) starts in ``version``, else None."""
     text = read(version, node.path)
     found = source.find(source.parse(text), node.symbol) if text is not None else None
-    if found is None:
-        return None
-    return min([found.lineno, *(d.lineno for d in found.decorator_list)])
+    return None if found is None else min([found.lineno, *(d.lineno for d in found.decorator_list)])
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:

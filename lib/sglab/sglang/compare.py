@@ -13,20 +13,16 @@ COLUMNS = ["release", "behaviour", "real", "must match", "expected", "agrees"]
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
-# -- building a comparison table -------------------------------------------------------------------
 def row(release: str, behaviour: str, real, must_match: str, expected,
         agrees: Optional[bool] = None) -> dict:
     """One row; ``agrees`` defaults to ``real == expected``."""
-    return {
-        "release": release, "behaviour": behaviour, "real": real, "must match": must_match,
-        "expected": expected, "agrees": bool(real == expected) if agrees is None else bool(agrees)
-    }
+    agrees = real == expected if agrees is None else agrees
+    return dict(zip(COLUMNS, (release, behaviour, real, must_match, expected, bool(agrees))))
 
 
 def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict,
               keys: Iterable[str], describe: Callable[[dict], str]) -> dict:
-    """A row comparing two dicts of facts on ``keys``, each side in words by ``describe``; the facts
-    that differ under ``differences``, one line each, for the banner."""
+    """A row comparing two dicts of facts on ``keys``, those that differ under ``differences``."""
     diffs = [
         f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}"
         for k in keys if real.get(k) != rebuilt.get(k)
@@ -57,15 +53,12 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
     return {v: r for v, r in results.items() if r.ok}
 
 
-# -- saying where the answers came from, and whether they agree ------------------------------------
 def status_lines(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from (a recording, which one, or this machine now), then per release
-    how long it ran and with which shims, or why it did not run."""
+    """Where the answers come from, then per release how it ran, or why it did not."""
     labels = sorted({r.recorded for r in results.values() if r.recorded})
     now = [v for v, r in results.items() if not r.recorded]
-    parts = [
-        f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)"
-    ] if labels else []
+    live = "SGLAB_REAL=live runs the installed releases here instead"
+    parts = [f"answers {'; '.join(labels)} ({live})"] if labels else []
     parts += [f"run here now: {', '.join(now)}"] if now else []
     lines = [
         r.summary(with_source=False)
@@ -99,8 +92,7 @@ def answers(fix, releases: Optional[Iterable[str]] = None) -> dict[str, ProbeRes
 
 def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
             results: Optional[dict] = None) -> None:
-    """A notebook's real-SGLang section: the answers, where they come from, the table
-    ``comparison(results)`` and the agreement line (returns nothing: a cell would show it twice)."""
+    """A notebook's real-SGLang section: the answers, the table and the agreement line."""
     import pandas as pd
 
     from sglab.core.notebook import show_table
@@ -114,8 +106,7 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
 
 
 def shown(df):
-    """The comparison as a reader sees it: by release, a missing answer as "—" and whether each row
-    agrees as yes or NO."""
+    """The comparison as a reader sees it: by release, a missing answer "—", agrees yes or NO."""
     out = df[COLUMNS].copy()
     for c in ("real", "expected"):
         out[c] = out[c].map(lambda v: "—" if v is None or (isinstance(v, float) and v != v) else v)
@@ -123,13 +114,11 @@ def shown(df):
     return out.set_index("release")
 
 
-# -- the release a fix shipped in, beside the rebuild ----------------------------------------------
 _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 
 
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
-    """The fix's row of the release timeline (drawn once), then its hunk: whole, or ``symbol``'s
-    changes beside ``rebuilt`` (:func:`sglab.sglang.hunks.render_beside`)."""
+    """The fix's row of the release timeline (drawn once), then its hunk (:func:`hunks.show`)."""
     from sglab.core.notebook import show_figure, show_table
     from sglab.sglang import hunks, wheels
 

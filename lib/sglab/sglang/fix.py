@@ -2,8 +2,7 @@
 the symbols each PR touched (``hunks``), its notebook's real-release probe (``probe``) and the real
 engine's scenarios (``engine``). No module of ``sglab.sglang`` imports a fix; an engine adjustment
 may name a fix's patch by its dotted path (``spec.ADJUSTMENTS``: 05's processor stand-in), which
-only the engine's own processes import.
-"""
+only the engine's own processes import."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ REPO = "sgl-project/sglang"
 
 @dataclass(frozen=True)
 class Spec:
-    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says
-    whether a release has the change (default: the fix's check answers "pr-era")."""
+    """What a PR touched (``"srt/<file>.py::Qual.name"``); ``first_with(read)``: in a release?"""
 
     pr: int
     symbols: tuple[str, ...]
@@ -37,8 +35,7 @@ class Probe:
 
     fn: str
     releases: tuple[str, ...]
-    # a dict, or a function that returns one (built from the rebuild's defaults)
-    params: object = None
+    params: object = None  # a dict, or a function that returns one (the rebuild's defaults)
 
     def resolved_params(self) -> Optional[dict]:
         return self.params() if callable(self.params) else self.params
@@ -48,8 +45,7 @@ class Probe:
 class Fix:
     """One upstream fix as the workbook treats it (see the module docstring)."""
 
-    # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
-    name: str
+    name: str  # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
     number: str  # the notebook's number ("04")
     title: str  # what the check decides, in a line
     prs: tuple[int, ...]  # the upstream PRs, the main one first
@@ -78,8 +74,7 @@ class Fix:
         return self.name
 
     def releases(self, told: bool = False) -> list[tuple[str, str]]:
-        """``[(version, state)]`` of this fix in every release (the committed release table);
-        ``told``: a release :attr:`lacking` a follow-up has its words for a state."""
+        """``[(version, state)]`` of this fix in every release (``told``: :attr:`lacking` said)."""
         from sglab.sglang import wheels
 
         row = wheels.timeline_row(self.name)

@@ -1,7 +1,6 @@
 """Each PR as it was released: the symbols it touched (found by name, never by line numbers) in the
 last release without it and the first with it, committed under ``data/upstream/<fix>/``; shown
-whole, or one symbol's changes beside the rebuilt lines that correspond (:func:`render_beside`).
-"""
+whole, or one symbol's changes beside the rebuilt lines that correspond (:func:`render_beside`)."""
 
 from __future__ import annotations
 
@@ -63,7 +62,6 @@ class Hunk:
         return out
 
 
-# -- reading symbols out of a release --------------------------------------------------------------
 def side_text(read, symbols) -> str:
     """Every symbol of one side, each under its header line (its text, or :data:`ABSENT`)."""
     blocks = []
@@ -74,15 +72,14 @@ def side_text(read, symbols) -> str:
 
 
 def unified(before: str, after: str, before_version: str, after_version: str) -> str:
-    return "".join(
-        difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                             fromfile=f"sglang {before_version}", tofile=f"sglang {after_version}",
-                             n=3))
+    lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    diff = difflib.unified_diff(*lines, fromfile=f"sglang {before_version}",
+                                tofile=f"sglang {after_version}", n=3)
+    return "".join(diff)
 
 
 def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
-    """(last release without the change, first with it) among ``versions`` (oldest first), by
-    ``spec.first_with``, else the fix's check saying "pr-era"."""
+    """(last release without the change, first with it) among ``versions`` (oldest first)."""
     for i, v in enumerate(versions):
         read = reader_for(v)
         if (spec.first_with(read)
@@ -103,7 +100,6 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
                 keep(bfacts), keep(afacts))
 
 
-# -- committed files -------------------------------------------------------------------------------
 META = ("fix", "pr", "paths", "symbols", "before_version", "after_version", "before_wheel",
         "after_wheel")
 SIDES = ("before", "after")
@@ -132,11 +128,10 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
                                 "it)")
     meta = json.loads(meta_path.read_text())
-    return Hunk(**{k: meta[k]
-                   for k in META if k not in ("paths", "symbols")}, symbols=tuple(meta["symbols"]),
-                diff=Path(f"{stem}.diff").read_text(),
-                **{side: Path(f"{stem}.{side}.txt").read_text()
-                   for side in SIDES})
+    fields = {k: meta[k] for k in META if k not in ("paths", "symbols")}
+    sides = {side: Path(f"{stem}.{side}.txt").read_text() for side in SIDES}
+    return Hunk(**fields, **sides, symbols=tuple(meta["symbols"]),
+                diff=Path(f"{stem}.diff").read_text())
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
@@ -155,15 +150,15 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
 
 
 def show(fix, rebuilt=None, *, pr: int | None = None, symbol: str | None = None):
-    """The committed hunk of ``fix`` (HTML in a notebook, text elsewhere): whole, or ``symbol``'s
-    changes beside ``rebuilt`` (:func:`render_beside`)."""
+    """The committed hunk of ``fix``: whole, or beside ``rebuilt`` (:func:`render_beside`)."""
     hunk = load(fix, pr)
     if rebuilt is not None:
         return render_beside(hunk, rebuilt, symbol=symbol)
-    return Rendered(hunk_html(hunk), hunk_text(hunk))
+    diff = diff_html(hunk.diff) if hunk.diff else "<i>no change in these symbols</i>"
+    return Rendered(
+        f'<div><div style="font-size:12px;color:#57606a;margin:2px 0 4px">'
+        f"{html.escape(_caption(hunk))}</div>{diff}</div>", hunk_text(hunk))
 
-
-# -- display: a coloured unified diff in a notebook, the same text elsewhere -----------------------
 
 _STYLE = {
     "+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
@@ -219,13 +214,6 @@ def hunk_text(hunk) -> str:
     return f"{_caption(hunk)}\n{hunk.diff or '(no change in these symbols)'}"
 
 
-def hunk_html(hunk) -> str:
-    cap = html.escape(_caption(hunk))
-    return (f'<div><div style="font-size:12px;color:#57606a;margin:2px 0 4px">{cap}</div>'
-            f"{diff_html(hunk.diff) if hunk.diff else '<i>no change in these symbols</i>'}</div>")
-
-
-# -- one symbol's change, as hunks with context, beside the rebuilt lines that correspond ----------
 CONTEXT = 3  # lines of context around each change (as ``diff -U3``)
 SHORT = 12  # a rebuilt function or class this short is shown whole
 ALIKE = 0.75  # how alike (difflib's ratio) a rebuilt line and a released one must be to correspond
@@ -287,13 +275,11 @@ def _code(line: str) -> str:
 
 
 def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
-    """Per piece of :func:`pieces`, the 0-based rebuilt lines that correspond to its changed code:
-    as alike as :data:`ALIKE` to a changed line, or using a name only the changed lines use."""
+    """Per piece of :func:`pieces`, the 0-based rebuilt lines that correspond to its changes."""
     before, after = _sides(hunk, symbol)
+    ops = difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes()
     same = _names("\n".join(
-        _code(ln) for tag, _, _, j1, j2 in difflib.SequenceMatcher(
-            None, before, after, autojunk=False).get_opcodes() if tag == "equal"
-        for ln in after[j1:j2]))
+        _code(ln) for tag, _, _, j1, j2 in ops if tag == "equal" for ln in after[j1:j2]))
     ours = [_code(ln) for ln in _code_lines(rebuilt)]
     out = []
     for p in pieces(hunk, symbol):
@@ -309,8 +295,7 @@ def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
 
 
 def corresponding(rebuilt: str, hits: set[int], around: int = 1) -> list[tuple[int, int]]:
-    """``[(first, last)]`` (inclusive) of the rebuilt lines ``hits``, ``around`` lines either side
-    and the comment above; all of a :data:`SHORT` text, its start where nothing corresponds."""
+    """``[(first, last)]`` (inclusive) of the rebuilt lines ``hits``, with context."""
     lines = rebuilt.splitlines()
     if len(lines) <= SHORT:
         return [(0, len(lines) - 1)] if lines else []
@@ -346,8 +331,7 @@ def excerpt(text: str, spans: list[tuple[int, int]]) -> str:
 
 
 def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
-    """What the window changed in the released ``symbol`` (default the first), hunk by hunk with
-    links at the release's tag, beside the rebuilt lines that correspond."""
+    """What the window changed in the released ``symbol``, beside the rebuilt lines."""
     from sglab.sglang import codepath
 
     after = hunk.blocks("after")

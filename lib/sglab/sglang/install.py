@@ -1,7 +1,6 @@
 """Install the pinned SGLang releases side by side (``sglab real install``): a ``pip install
 --no-deps --target`` per release and the light dependencies once per dependency set, in parallel,
-each moved into place only when complete; a release that cannot be installed is one line.
-"""
+each moved into place only when complete; a release that cannot be installed is one line."""
 
 from __future__ import annotations
 
@@ -42,11 +41,8 @@ class Outcome:
 
     def line(self) -> str:
         what = f"sglang {self.name}" if self.kind == "release" else f"dependencies {self.name}"
-        if self.status == "failed":
-            return f"{what}: install failed: {self.reason}"
-        if self.status == "present":
-            return f"{what}: already installed"
-        return f"{what}: installed in {self.seconds:.1f} s"
+        said = {"failed": f"install failed: {self.reason}", "present": "already installed"}
+        return f"{what}: " + said.get(self.status, f"installed in {self.seconds:.1f} s")
 
 
 def _deps_spec(name: str) -> dict:
@@ -55,20 +51,16 @@ def _deps_spec(name: str) -> dict:
 
 
 def deps_current(name: str) -> bool:
-    """Is dependency set ``name`` installed for the current requirements, and does the interpreter
-    still provide what it left out?"""
+    """Is dependency set ``name`` installed as required, the interpreter's part still there?"""
     stamp = read_stamp(deps_dir(name))
     if stamp is None or {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
         return False
-    have = interpreter_dists()
-    return all(
-        have.get(pin.partition("==")[0]) == pin.partition("==")[2]
-        for pin in stamp.get("provided_by_interpreter", []))
+    have, pins = interpreter_dists(), stamp.get("provided_by_interpreter", [])
+    return all(have.get(n) == v for n, _, v in (pin.partition("==") for pin in pins))
 
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
-    """``fill(tmp)`` (pip into a folder next to ``dest``; the stamp's fields), then the stamped
-    folder replaces ``dest``; a :class:`PipError` is a failed outcome."""
+    """``fill(tmp)`` (pip; the stamp's fields), then the stamped folder replaces ``dest``."""
     t0 = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
@@ -103,10 +95,8 @@ def install_deps(name: str) -> Outcome:
         if bad:
             raise PipError(f"refusing to keep {', '.join(bad)} in {tmp.name}: "
                            "the interpreter's torch stack must be used")
-        return {
-            **_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
-            "source": "index"
-        }
+        return dict(**_deps_spec(name), set=name, provided_by_interpreter=prune_provided(tmp),
+                    source="index")
 
     home().mkdir(parents=True, exist_ok=True)
     return _install_into("deps", name, deps_dir(name), fill)
@@ -125,18 +115,15 @@ def install_release(version: str) -> Outcome:
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
         got = installed_in(tmp).get("sglang")
-        return {
-            "version": version, "wheel": f"sglang-{got[0]}" if got else None,
-            "deps": dep_set(version), "source": "index"
-        }
+        wheel = f"sglang-{got[0]}" if got else None
+        return dict(version=version, wheel=wheel, deps=dep_set(version), source="index")
 
     return _install_into("release", version, release_dir(version), fill)
 
 
 def install(releases: Iterable[str] = PINNED, *, jobs: int = JOBS, echo=print,
             warn=None) -> list[Outcome]:
-    """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in
-    order, each said in one line by ``echo``, or by ``warn`` (default ``echo``) where it failed."""
+    """Install what is missing of ``releases`` and their dependency sets; one outcome each."""
     releases = list(dict.fromkeys(releases))
     sets = list(dict.fromkeys(dep_set(v) for v in releases))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -177,7 +164,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failed else 0
 
 
-# -- pip, one way: into a target folder, under constraints, never replacing the interpreter's torch
 PIP_TIMEOUT_S = 1200
 # never installed into a release or dependency folder: the interpreter's torch stack is the one used
 FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|"
@@ -206,8 +192,7 @@ def constraint_files(workdir: Path) -> list[Path]:
 
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
                 no_deps: bool = False, find_links: Iterable[Path] = ()) -> None:
-    """``pip install --target`` one batch of requirements; raises :class:`PipError` with pip's
-    most telling line (the last ``ERROR:`` line, else the last non-empty one)."""
+    """``pip install --target`` one batch; :class:`PipError` with pip's most telling line."""
     cmd = [
         sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
         "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
@@ -224,10 +209,8 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
     except subprocess.TimeoutExpired:
         raise PipError(f"pip did not finish in {PIP_TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        lines = [
-            ln.strip() for ln in proc.stderr.splitlines()
-            if ln.strip() and not ln.startswith("WARNING: Location")
-        ]
+        lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("WARNING: Location")]
+        lines = [ln.strip() for ln in lines if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR:")]
         raise PipError((errors or lines or ["pip failed without a message"])[-1][:300])
 

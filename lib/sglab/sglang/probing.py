@@ -1,7 +1,6 @@
 """What the probes share: reaching a step inside a real SGLang function without running what comes
 after it. The function runs on a small stand-in carrying only what it reads; names it looks up in
-its module are replaced by recorders for the call, and :class:`Stop` ends it at the step wanted.
-"""
+its module are replaced by recorders for the call, and :class:`Stop` ends it at the step wanted."""
 
 from __future__ import annotations
 
@@ -76,6 +75,5 @@ def module_path(root, target) -> str | None:
 
 
 def has_file(prepared, relpath: str) -> bool:
-    """Does the release ship ``sglang/<relpath>``? (Asked of the files: importing a missing module's
-    parent package would raise.)"""
+    """Does the release ship ``sglang/<relpath>``? (Asked of the files, not by importing.)"""
     return (prepared.root / "sglang" / relpath).is_file()

@@ -61,12 +61,8 @@ def package_dir(version: str) -> Path:
 
 def dep_set(version: str) -> str:
     """Name of the dependency set a release runs with."""
-    for name, (releases, _, _) in DEP_SETS.items():
-        if version in releases:
-            return name
-    if parse_version(version) >= Version("0.5.20"):
-        return "0.5.2x"
-    return "0.5.1x"
+    found = next((name for name, (releases, _, _) in DEP_SETS.items() if version in releases), "")
+    return found or ("0.5.2x" if parse_version(version) >= Version("0.5.20") else "0.5.1x")
 
 
 def deps_dir(name: str) -> Path:
@@ -74,8 +70,7 @@ def deps_dir(name: str) -> Path:
 
 
 def parse_version(version: str) -> Version:
-    """``"0.5.12.post1"`` as a :class:`packaging.version.Version`, the one parser of release
-    numbers; forms other than ``X.Y.Z[.postN]`` raise ValueError."""
+    """``"0.5.12.post1"`` as a :class:`Version`; forms other than ``X.Y.Z[.postN]`` raise."""
     try:
         parsed = Version(str(version))
     except InvalidVersion:
@@ -88,16 +83,14 @@ def parse_version(version: str) -> Version:
 
 
 # where the releases run: the GPU image's platform (Python 3.12, Linux, x86_64)
-LINUX_X86_64 = {
-    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-    "os_name": "posix", "python_version": "3.12", "python_full_version": "3.12.0",
-    "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""
-}
+LINUX_X86_64 = dict(sys_platform="linux", platform_system="Linux", platform_machine="x86_64",
+                    os_name="posix", python_version="3.12", python_full_version="3.12.0",
+                    implementation_name="cpython", platform_python_implementation="CPython",
+                    extra="")
 
 
 def pins(metadata: str, environment: Optional[dict] = None) -> dict[str, str]:
-    """``{normalized name: version}`` of the ``==`` pins in METADATA ``Requires-Dist`` lines
-    whose markers hold on ``environment`` (default :data:`LINUX_X86_64`)."""
+    """``{normalized name: version}`` of METADATA's ``==`` pins whose markers hold."""
     env = environment or LINUX_X86_64
     out = {}
     for line in metadata.splitlines():

@@ -40,9 +40,7 @@ def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
 
 def _spawn(cmd: list[str], timeout: float, progress: Optional[Callable[[], int]] = None,
            stop: Optional[threading.Event] = None, tmp: str = "") -> tuple[Optional[int], str]:
-    """(exit code, or None when killed; stderr tail): the child's process group is killed after
-    ``timeout`` seconds without ``progress()`` growing (or of the whole run), or once ``stop`` is
-    set; ``tmp``: the child's temporary folder (``TMPDIR``)."""
+    """(exit code, None when killed; stderr tail); killed ``timeout`` s without ``progress()``."""
     if stop is not None and stop.is_set():
         return None, ""
     env = {**worker_env(), **({"TMPDIR": tmp} if tmp else {})}
@@ -72,31 +70,14 @@ def _spawn(cmd: list[str], timeout: float, progress: Optional[Callable[[], int]]
         return code, err.read()[-4000:]
 
 
-def _read_answers(out: Path) -> dict[int, dict]:
-    """{call index: answer} of every complete line the worker wrote."""
-    if not out.exists():
-        return {}
-    found = {}
-    for line in out.read_text().splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        try:
-            data = json.loads(line)
-        except ValueError:
-            break
-        found[data["index"]] = data
-    return found
-
-
 Results = dict[tuple[str, str], ProbeResult]  # {(probe, params key): result}
 
 
 def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
                 timeout: float = DEFAULT_TIMEOUT_S,
                 stop: Optional[threading.Event] = None) -> tuple[Results, set]:
-    """``{(probe, params key): result}`` of ``calls`` on ``release`` in one worker (``timeout`` per
-    call, stopped once ``stop`` is set; never raises), and the keys of the calls the worker itself
-    answered."""
+    """``{(probe, params key): result}`` of ``calls`` on ``release`` in one worker, and the keys
+    the worker itself answered (never raises)."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -116,43 +97,45 @@ def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
         # -W: runpy's warning that the package imported the runner before ``-m`` ran it is noise
         cmd = [
             sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "sglab.sglang.runner",
-            "--release", release, "--calls", f"@{asked}", "--out",
-            str(out)
+            "--release", release, "--calls", f"@{asked}", "--out", f"{out}"
         ]
         written = lambda: out.stat().st_size if out.exists() else 0  # noqa: E731
         code, err = _spawn(cmd, timeout, progress=written, stop=stop, tmp=tmp)
-        ended, answers = time.time(), _read_answers(out)
+        ended, answers = time.time(), {}
+        for line in out.read_text().splitlines(keepends=True) if out.exists() else ():
+            try:  # every complete line the worker wrote
+                data = json.loads(line) if line.endswith("\n") else None
+            except ValueError:
+                data = None
+            if data is None:
+                break
+            answers[data["index"]] = data
     for data in answers.values():
         code_loaded.update(data.get("code", ()))
     results: dict[tuple[str, str], ProbeResult] = {}
     last, running = started, None
     for i, (key, (probe, _)) in enumerate(todo.items()):
         data = answers.get(i)
+        rows = frame(release, probe, data["rows"] if data is not None else [])
         if data is not None:
             status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
             reason = data["not_run"] or data["error"] or ""
-            results[key] = ProbeResult(release, probe, status, frame(release, probe,
-                                                                     data["rows"]), data["shims"],
+            results[key] = ProbeResult(release, probe, status, rows, data["shims"],
                                        max(0.0, data["finished"] - last),
                                        data["seconds"].get("prepare", 0.0), reason,
                                        data.get("traceback", ""))
             last = data["finished"]
-            continue
-        if running is None:  # the call the worker was on when it was killed or died
+        elif running is None:  # the call the worker was on when it was killed or died
             running = probe
-            if code is None:
-                reason = f"sglang {release}: {probe} did not finish in {timeout:.0f} s (killed)"
-            else:
-                tail = [ln for ln in err.strip().splitlines() if ln.strip()] or ["no output"]
-                reason = f"sglang {release}: worker exited {code}: {tail[-1]}"
-            results[key] = ProbeResult(release, probe, "error", frame(release, probe, []),
-                                       seconds=max(0.0, ended - last), reason=reason,
-                                       traceback="" if code is None else err)
+            tail = [ln for ln in err.strip().splitlines() if ln.strip()] or ["no output"]
+            reason = (f"sglang {release}: {probe} did not finish in {timeout:.0f} s (killed)"
+                      if code is None else f"sglang {release}: worker exited {code}: {tail[-1]}")
+            results[key] = ProbeResult(release, probe, "error", rows, seconds=max(
+                0.0, ended - last), reason=reason, traceback="" if code is None else err)
         else:
             how = f"was killed after {timeout:.0f} s" if code is None else f"exited {code}"
             reason = f"sglang {release}: {probe} not answered: the worker {how} while {running} ran"
-            results[key] = ProbeResult(release, probe, "error", frame(release, probe, []),
-                                       reason=reason)
+            results[key] = ProbeResult(release, probe, "error", rows, reason=reason)
     answered = {k for i, k in enumerate(todo) if i in answers}
     return results, answered
 
@@ -161,8 +144,7 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
               answered_only: bool = False) -> dict[str, dict]:
-    """``{release: {(probe, params key): result}}`` of every ``(probe, params, releases)``, one
-    worker per release, ``jobs`` at a time; ``answered_only``: only the calls a worker answered."""
+    """``{release: {(probe, params key): result}}``, one worker per release, ``jobs`` at a time."""
     per_release: dict[str, list[tuple[str, Optional[dict]]]] = {}
     for probe, params, releases in calls:
         for v in releases:
@@ -198,8 +180,7 @@ def run_probes(
         releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
-    """``{release: result}`` of ``probe`` with ``params``: the newest recording where ``source``
-    (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker now."""
+    """``{release: result}`` of ``probe``: recorded where ``source`` allows, else run now."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":
@@ -245,7 +226,6 @@ def loaded_code() -> list[str]:
     return sorted(out)
 
 
-# -- the worker, one release, every call in turn: python -m sglab.sglang.runner --release V ----
 def _resolve(probe: str):
     module, _, func = probe.partition(":")
     if not func:
@@ -267,16 +247,13 @@ def _jsonable(value):
 
 
 def _blank(release: str, probe: str, shims=(), not_run=None) -> dict:
-    return {
-        "release": release, "probe": probe, "rows": [], "shims": [asdict(s) for s in shims],
-        "seconds": {}, "error": None, "not_run": not_run
-    }
+    return dict(release=release, probe=probe, rows=[], shims=[asdict(s) for s in shims], seconds={},
+                error=None, not_run=not_run)
 
 
 def answer(prepared, probe: str, params: dict) -> dict:
     """One call in a prepared worker: the probe's rows, or the error or not-run reason it raised."""
-    # imported late: the worker's path, the only one that needs bootstrap
-    from sglab.sglang import bootstrap
+    from sglab.sglang import bootstrap  # here: the worker is the only one that needs it
 
     out = _blank(prepared.release, probe, prepared.shims)
     try:
@@ -293,8 +270,7 @@ def answer(prepared, probe: str, params: dict) -> dict:
 
 
 def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
-    """Prepare ``release`` once, then ``emit`` the answer to each call (``{"probe", "params"}``)
-    with its ``index`` and the time it ``finished`` (or why the release could not be prepared)."""
+    """Prepare ``release`` once, then ``emit`` the answer to each call."""
     from sglab.sglang import bootstrap  # late: see answer()
 
     t0 = time.perf_counter()
@@ -304,9 +280,9 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
         prepared, cause = None, str(exc)
     prepare_s = round(time.perf_counter() - t0, 3)
     for i, call in enumerate(calls):
-        out = (_blank(release, call["probe"], not_run=cause) if prepared is None else answer(
-            prepared, call["probe"],
-            call.get("params") or {}))
+        out = (answer(prepared, call["probe"],
+                      call.get("params") or {}) if prepared is not None else _blank(
+                          release, call["probe"], not_run=cause))
         if i == 0:
             out["seconds"]["prepare"] = prepare_s
         emit({**out, "index": i, "finished": time.time(), "code": loaded_code()})

@@ -48,9 +48,7 @@ def text(source: str, node: ast.AST) -> str:
 
 def symbol_text(source: str | None, qualname: str) -> str | None:
     """Text of ``qualname`` in ``source``, or None when the file or the symbol is not there."""
-    if source is None:
-        return None
-    node = find(parse(source), qualname)
+    node = find(parse(source), qualname) if source is not None else None
     return None if node is None else text(source, node)
 
 
@@ -92,6 +90,5 @@ def mentions(node: ast.AST | None, spelled: str) -> bool:
 
 def string_constants(node: ast.AST | None) -> list[str]:
     """Every string literal under ``node``, f-string pieces included."""
-    return [
-        n.value for n in _walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    ]
+    values = (n.value for n in _walk(node) if isinstance(n, ast.Constant))
+    return [v for v in values if isinstance(v, str)]

@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
+from sglab.sglang.releases import parse_version
+
 
 EXPERIMENT = "real_cpu"
 METHOD_VERSION = 1
@@ -37,8 +39,7 @@ def params_key(probe: str, params: Optional[dict]) -> str:
 
 @dataclass
 class ProbeResult:
-    """What one release answered to one call: ``ok``, ``error`` (the probe raised, or its worker
-    died first) or ``not-run`` (the release is not installed or does not import here)."""
+    """What one release answered to one call: ``ok``, ``error`` or ``not-run``."""
 
     release: str
     probe: str
@@ -99,23 +100,19 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
     for probe, params, results in calls:
         key = params_key(probe, params)
         for release, r in results.items():
-            stored.append({
-                "key": key, "release": r.release, "probe": r.probe,
-                "status": r.status, "rows": [] if r.rows is None else r.rows.drop(
-                    columns=["release", "probe"], errors="ignore").to_dict("records"),
-                "shims": r.shims, "seconds": round(r.seconds, 3), "prepare_seconds": round(
-                    r.prepare_seconds, 3), "reason": r.reason, "traceback": r.traceback
-            })
-            rows.append({
-                "variant": release, "probe": probe, "params_key": key, "status": r.status,
-                "metric": "rows", "value": 0 if r.rows is None else len(r.rows), "unit": "count"
-            })
+            found = [] if r.rows is None else r.rows.drop(columns=["release", "probe"],
+                                                          errors="ignore").to_dict("records")
+            seconds = dict(seconds=round(r.seconds, 3), prepare_seconds=round(r.prepare_seconds, 3))
+            stored.append(
+                dict(key=key, release=r.release, probe=r.probe, status=r.status, rows=found,
+                     shims=r.shims, **seconds, reason=r.reason, traceback=r.traceback))
+            rows.append(
+                dict(variant=release, probe=probe, params_key=key, status=r.status, metric="rows",
+                     value=len(found), unit="count"))
     with tempfile.TemporaryDirectory() as tmp:
         sidecar = Path(tmp) / "results.json.gz"
         with gzip.open(sidecar, "wt") as f:
             json.dump(stored, f, default=str)
-        from sglab.sglang.releases import parse_version
-
         probes, releases = {r["probe"] for r in rows}, {r["variant"] for r in rows}
         extra = {"releases": sorted(releases, key=parse_version), **(extra or {})}
         return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT,
@@ -133,8 +130,8 @@ def _read(path: str, mtime: float) -> Recording:
         stored = json.load(f)
     m = run.manifest
     label = f"recorded {m.date} on {m.gpu_name}, git {str(m.git_sha)[:7]}"
-    return Recording({(d["key"], d["release"]): d
-                      for d in stored}, label, Path(path), m.sglang_home)
+    results = {(d["key"], d["release"]): d for d in stored}
+    return Recording(results, label, Path(path), m.sglang_home)
 
 
 def newest(root: Optional[Path] = None) -> Optional[Recording]:

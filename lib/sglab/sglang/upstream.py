@@ -1,7 +1,6 @@
 """SGLang read as source text, never imported: each fix's check (``Fix.check``) turns
 ``read(relpath)`` over an SGLang package (installed, a checkout, a released wheel) into a
-:class:`Verdict`, one state of :data:`STATES` and a one-line reason.
-"""
+:class:`Verdict`, one state of :data:`STATES` and a one-line reason."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from typing import Callable
 
 Reader = Callable[[str], "str | None"]
 
-# The states a fix can be in, in a given SGLang. The order is the legend's order.
-STATES = {
+STATES = {  # the states a fix can be in, in a given SGLang (the legend's order)
     "absent": "the feature the fix belongs to is not in this SGLang yet",
     "before": "the feature is there, the fix is not", "pr-era": "the fix as the PR merged it",
     "changed": "later code replaced the PR's, and it still fixes the problem",
@@ -116,7 +114,6 @@ def check_all(fixes, *, root: Path | None = None):
 
     inst = installed() if root is None else None
     where = inst.version if inst else (str(root) if root else None)
-    rows = [
-        (f.name, f.title, v.status, v.detail, where) for f in fixes for v in [check(f, root=root)]
-    ]
+    verdicts = [(f, check(f, root=root)) for f in fixes]
+    rows = [(f.name, f.title, v.status, v.detail, where) for f, v in verdicts]
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])

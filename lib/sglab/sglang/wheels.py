@@ -55,7 +55,6 @@ def fix_names(frame) -> list[str]:
     return [c for c in frame.columns if f"{c}_reason" in frame.columns]
 
 
-# -- versions --------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
     out = set()
@@ -109,7 +108,6 @@ def cached(version: str, dest: Path) -> Path | None:
                                             if "-cp312-" in p.name else 2, p.name))
 
 
-# -- one wheel -------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _opened(path: Path, mtime_ns: int) -> tuple[zipfile.ZipFile, frozenset]:
     """A wheel's zip and its names, read once per process (a wheel's directory takes ~70 ms)."""
@@ -139,10 +137,8 @@ def wheel_facts(path: Path) -> dict:
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256")
     newest = max(i.date_time for i in opened(path)[0].infolist())
-    return {
-        "wheel": path.name, "sha256": digest.hexdigest(),
-        "build_date": datetime(*newest).isoformat()
-    }
+    return dict(wheel=path.name, sha256=digest.hexdigest(),
+                build_date=datetime(*newest).isoformat())
 
 
 def classify_wheel(version: str, path: Path, fixes) -> dict:
@@ -153,7 +149,6 @@ def classify_wheel(version: str, path: Path, fixes) -> dict:
     return row
 
 
-# -- the committed table ---------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
     """The committed release table (strings), oldest first, with a column per fix of ``fixes``."""
     import pandas as pd
@@ -179,11 +174,9 @@ def write_table(frame, path: Path | None = None) -> Path:
     return path
 
 
-# -- the timeline ----------------------------------------------------------------------------------
 @dataclass
 class Timeline:
-    """Rows (the table's columns plus ``source``: "wheel" or "table"), notes on what was read from
-    where, and whether every release from :data:`FIRST` on came from its wheel (committable)."""
+    """Rows (plus ``source``: "wheel" or "table"), notes, and whether it is committable."""
 
     frame: object
     notes: list[str]
@@ -210,8 +203,7 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
 def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None,
              table: Path | None = None, lister=list_versions, fetch=download,
              progress: bool = True) -> Timeline:
-    """Classify ``versions`` (None: every release from :data:`FIRST`), each from its wheel (cached,
-    else downloaded), else from the committed table (without network, the releases of both)."""
+    """Classify ``versions`` (None: all from :data:`FIRST`), each from its wheel, else the table."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -224,9 +216,8 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
         committed = {}
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
-        wanted = select(
-            set(committed) | {p.name.split("-")[1]
-                              for p in cache.glob(f"{PACKAGE}-*.whl")})
+        have = {p.name.split("-")[1] for p in cache.glob(f"{PACKAGE}-*.whl")}
+        wanted = select(set(committed) | have)
         notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; "
                      f"newer releases on the index are not seen without network)")
     rows, wheels = [], {}
@@ -284,21 +275,17 @@ def timeline_row(fix: str, frame=None):
     frame = load_table() if frame is None else frame
     if fix not in fix_names(frame):
         raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
-    return (frame[[
-        "version", "build_date", fix, f"{fix}_reason"
-    ]].rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
+    cols = {
+        "version": "version", "build_date": "build_date", fix: "state", f"{fix}_reason": "reason"
+    }
+    return frame[list(cols)].rename(columns=cols).reset_index(drop=True)
 
 
-# -- figures: release × fix, one colour per state, drawn from the release table --------------------
 STATE_COLOURS = {
     "absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
     "regressed": "#d68910", "unknown": "#ffffff"
 }
 assert set(STATE_COLOURS) == set(RELEASE_STATES)
-
-
-def _table(frame):
-    return (load_table() if frame is None else frame).reset_index(drop=True)
 
 
 def _finish(ax, frame, **tick):
@@ -307,8 +294,7 @@ def _finish(ax, frame, **tick):
                   **tick)
     ax.grid(False)
     ax.tick_params(length=0)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["left", "bottom"]].set_visible(False)
     first, last = frame["build_date"].iloc[0][:10], frame["build_date"].iloc[-1][:10]
     text = (f"read from the released SGLang wheels {frame['version'].iloc[0]} (built {first}) to "
             f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream")
@@ -322,7 +308,7 @@ def timeline_figure(frame=None):
 
     from sglab.core import plots
 
-    frame = _table(frame)
+    frame = (load_table() if frame is None else frame).reset_index(drop=True)
     fixes = fix_names(frame)
     _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5), height=0.42 * len(fixes) + 1.9)
     for y, fix in enumerate(fixes):
@@ -346,7 +332,7 @@ def timeline_row_figure(fix, frame=None):
     """One fix's record across the releases: a coloured strip, each run of equal states labelled."""
     from sglab.core import plots
 
-    frame = _table(frame)
+    frame = (load_table() if frame is None else frame).reset_index(drop=True)
     title, fix = fix.title, fix.name
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")

@@ -9,6 +9,7 @@ edited half taken), ``record``, ``publish``, ``timings``. The evidence: ``verify
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shlex
@@ -160,18 +161,18 @@ def cmd_verify(args) -> int:
                 print(f"[sglab] not run live: {s}")
             if not done and not picked:
                 # nothing was verified: that must not read as a pass
+                what = ", ".join(sorted(names)) if names else "the experiments"
                 print(
-                    "sglab verify --live: this machine can run none of "
-                    + (", ".join(sorted(names)) if names else "the experiments")
-                    + " (see above); nothing verified", file=sys.stderr)
+                    f"sglab verify --live: this machine can run none of {what} (see above); "
+                    "nothing verified", file=sys.stderr)
                 return 1
             picked += done
         recorded: dict = {}  # each experiment's record read once for every run compared with it
         verified, bad = [], []
         for r in picked:  # each run's lines as soon as it is verified (--all: about 100 runs)
+            against = args.against is not None
             verified.append(
-                verify.verify_run(r, against=args.against is not None, reference=reference,
-                                  recorded=recorded))
+                verify.verify_run(r, against=against, reference=reference, recorded=recorded))
             lines, fails = verify.block(verified[-1])
             print("\n".join(lines), flush=True)
             bad += fails
@@ -185,7 +186,6 @@ def cmd_verify(args) -> int:
     return status
 
 
-# -- investigate your own setup
 def cmd_workspace(args) -> int:
     from sglab.workspace_floor import traffic as ws
 
@@ -200,9 +200,9 @@ def cmd_workspace(args) -> int:
     print(ws.describe(trace))
     df = ws.traffic_table(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
                           pre_initialize=args.pre_initialize)
-    print(f"world size {args.world_size}, hidden {args.hidden}, " + (
-        f"pre-initialised at {args.pre_initialize} tokens" if args.pre_initialize else "cold start")
-          )
+    start = (f"pre-initialised at {args.pre_initialize} tokens"
+             if args.pre_initialize else "cold start")
+    print(f"world size {args.world_size}, hidden {args.hidden}, {start}")
     print(df.round(1).to_string())
     print(f"times: {df.attrs['cost_model']}")
     return 0
@@ -238,8 +238,12 @@ def cmd_swa_cost(args) -> int:
     return 0
 
 
-def _workbook_commands(sub) -> None:
-    """env, run, record, sync: the commands that run the workbook and its experiments."""
+def _commands(sub) -> None:
+    """Every command: those that run the workbook (env, run, timings, record, publish, sync), then
+    the evidence (upstream, index, the investigation commands, engine, verify, real)."""
+    from sglab.tools import engine_cmd
+    from sglab.tools import upstream as upstream_command
+
     command(sub, cmd_env, "env", help="describe this machine")
     p = command(sub, run_cmd.cmd_run, "run", help="execute notebooks headless and write reports/")
     p.add_argument(
@@ -281,13 +285,6 @@ def _workbook_commands(sub) -> None:
     flag(p, "--check", "write nothing; exit 1 where an .ipynb is out of date")
     p.add_argument("--from", dest="side", choices=("py", "ipynb"),
                    help="write every pair from this half, whatever changed")
-
-
-def _evidence_commands(sub) -> None:
-    """upstream, index, the investigation commands, verify, real, engine."""
-    from sglab.tools import engine_cmd
-    from sglab.tools import upstream as upstream_command
-
     upstream_command.add_arguments(
         command(sub, upstream_command.run, "upstream",
                 help="which fixes the installed SGLang, a source tree, or each release has"))
@@ -380,10 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
     ap = _Parser(prog="sglab", description=DESCRIPTION)
-    ap.add_argument("--version", action=_Version, help="print sglab's version and exit")
+    ap.add_argument("--version", action=_Version, nargs=0, default=argparse.SUPPRESS,
+                    help="print sglab's version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    _workbook_commands(sub)
-    _evidence_commands(sub)
+    _commands(sub)
     args, extra = ap.parse_known_args(argv)
     try:
         if extra:  # argparse would name the root parser and print its whole usage
@@ -395,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(f"sglab {args.cmd}: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return _reader_gone()
+    except BrokenPipeError:  # `sglab ... | head`: quiet, with the status of a SIGPIPE
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # (a test's stdout)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (procs.Terminated, KeyboardInterrupt) as e:  # what the command started is stopped
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"sglab {args.cmd}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
@@ -404,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-# numbers a command needs above 0 (each value of a list), and integers it needs at least a floor,
-# checked once parsed
+# numbers a command needs above 0 (each value of a list), and integers it needs at least a floor
 POSITIVE = {
     "run": ("cell_timeout",), "capture-sizes": ("gpu_mem_gb",),
     "engine": ("input_len", "batch_size", "requests", "prompts", "output_len", "repeats", "timeout")
@@ -433,9 +431,6 @@ def _check_numbers(args) -> None:
 class _Version(argparse.Action):
     """``--version``: ``sglab <version>`` (the metadata, else pyproject.toml's), read when asked."""
 
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
     def __call__(self, parser, namespace, values, option_string=None):
         import importlib.metadata as md
 
@@ -450,16 +445,6 @@ class _Version(argparse.Action):
                 (repo_root() / "pyproject.toml").read_text())["project"]["version"]
         print(f"sglab {version}")
         parser.exit()
-
-
-def _reader_gone() -> int:
-    """The reader of stdout went away (``sglab ... | head``): stop quietly with the status of a
-    process ended by SIGPIPE (128 + 13), what is still buffered going nowhere."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's)
-        pass
-    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

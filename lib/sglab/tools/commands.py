@@ -21,8 +21,7 @@ def flag(p, name: str, help: str) -> None:
 
 
 def parse_params(items: list[str]) -> dict:
-    """``--param NAME=VALUE`` items as a dict (values read as Python literals where they parse);
-    ValueError for an item without ``=`` or a name."""
+    """``--param NAME=VALUE`` items as a dict, each value a Python literal where it parses."""
     out = {}
     for item in items or []:
         if "=" not in item or not item.split("=", 1)[0].strip():

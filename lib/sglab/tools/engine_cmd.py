@@ -1,8 +1,5 @@
 """``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
-dummy weights.
-
-It prints what the engine decided and its latencies; ``--scenario`` / ``--plan`` run a fix's
-scenarios, ``--record`` writes the run."""
+dummy weights."""
 
 from __future__ import annotations
 
@@ -105,21 +102,18 @@ def _groups(args):
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
     eng.load_config(args.model)  # a bad config is said before what the machine lacks
     argv = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
-    shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv),
-                 output_len=args.output_len, batch_sizes=tuple(args.batch_size),
-                 input_lens=tuple(args.input_len), requests=tuple(args.requests),
-                 repeats=args.repeats, profile=args.profile, prompts=args.prompts)
     adjust = tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust)
-    specs = [
-        eng.EngineSpec(release=v, case=args.case, timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
-                       adjustments=adjust, cpus=cpus, **shape) for v in args.release
-    ]
-    return [(args.fix, "", specs)]
+    timeout = args.timeout or eng.DEFAULT_TIMEOUT_S
+    shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv), case=args.case,
+                 batch_sizes=tuple(args.batch_size), input_lens=tuple(args.input_len),
+                 requests=tuple(args.requests), output_len=args.output_len, repeats=args.repeats,
+                 profile=args.profile, prompts=args.prompts, timeout=timeout, cpus=cpus,
+                 adjustments=adjust)
+    return [(args.fix, "", [eng.EngineSpec(release=v, **shape) for v in args.release])]
 
 
 def _cpus(text: str) -> tuple[int, ...]:
-    """``--cpus``: () without it; 'auto': the CPUs local to GPU 0; else the list given, each of
-    which this process must be allowed."""
+    """``--cpus``: (), 'auto' (the CPUs local to GPU 0), or the list given."""
     from sglab.sglang import engine as eng
 
     if not text:
@@ -163,8 +157,7 @@ def _dry_run(spec, work, said: set) -> None:
 
 
 def _too_few_gpus(name: str, specs) -> str:
-    """Why this machine cannot start these specs ('' when it can, or where only this torch lacks
-    CUDA: the release's pin check says why): each needs its TP size in GPUs."""
+    """Why this machine cannot start these specs ('' when it can)."""
     from sglab.tools import fixes
 
     need = max((sp.tp_size for sp in specs), default=1)
@@ -184,8 +177,7 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
 
 
 def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
-    """Each spec's engine in turn, its result appended to ``results``: exit status 2 where one could
-    not start, 1 where one failed; a release that cannot start is said once."""
+    """Each spec's engine in turn, into ``results``: 2 where one could not start, 1 one failed."""
     from sglab.sglang import engine as eng
 
     status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
@@ -225,8 +217,7 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
 
 
 def _same_failure(specs: list, results: list, release: str) -> str:
-    """The error every variant of ``release`` failed its first start with, where they all did (its
-    later starts are not started); else ``""``."""
+    """The error every variant of ``release`` failed its first start with, else ``""``."""
     variants = {sp.variant for sp in specs if sp.release == release}
     mine = [r for r in results if r.spec.release == release]
     errors = {re.sub(r" \(log: [^)]*\)$", "", (r.error or "\n").splitlines()[0]) for r in mine}
@@ -252,9 +243,7 @@ def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop
             sp.variant + (f" start {sp.start}" if sp.start else "")
             for sp in specs if (sp.variant, sp.start) not in done
         ]
-        partial = {
-            "ran": len(results), "planned": len(specs), "stopped_by": why, "missing": missing
-        }
+        partial = dict(ran=len(results), planned=len(specs), stopped_by=why, missing=missing)
         extra = {"partial": partial, **({"host_launch_us": host} if host else {})}
         path = eng.record(results, fix, root=(args.out or data_dir("runs")) / "partial",
                           extra=extra)
@@ -286,9 +275,8 @@ def main(args) -> int:
             # a plan skips the scenarios this machine has too few GPUs for; one named stops
             why = {name: _too_few_gpus(name, specs) for _, name, specs in groups}
             if args.plan and not args.scenario:
-                for name, line in why.items():
-                    if line:
-                        print(f"sglab engine: skipped {line}")
+                for line in filter(None, why.values()):
+                    print(f"sglab engine: skipped {line}")
                 groups = [g for g in groups if not why[g[1]]]
                 if not groups:
                     raise eng.EngineError(f"plan {args.plan}: nothing this machine can start")
@@ -296,7 +284,6 @@ def main(args) -> int:
                 raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:
             results = []
-            # the host's cost per kernel launch before and after the engines (did the host change?)
             cpus = specs[0].cpus
             measured = not args.dry_run and hardware.has_cuda()  # (no launches to time without)
             host = {"before": host_launch_cost(cpus=cpus)} if measured else {}

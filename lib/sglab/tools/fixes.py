@@ -55,8 +55,7 @@ def claims(name: str):
 
 
 def card(name: str, live: list | tuple = ()) -> dict:
-    """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over its shown (or ``live``)
-    runs."""
+    """The review card of fix ``name`` over its shown (or ``live``) runs."""
     from sglab.core import card as K, claims as C, runs
 
     mod, fix = claims(name), get(name)
@@ -71,8 +70,7 @@ def experiments() -> tuple[str, ...]:
 
 
 def measure(name: str):
-    """``sglab.<name>.measure``: EXPERIMENT, METHOD_VERSION, GPUS, DEFAULT_PARAMS, gpus(params),
-    run(params)."""
+    """``sglab.<name>.measure``."""
     return _module(name, "measure")
 
 
@@ -111,7 +109,6 @@ def by_stem(stem: str) -> Optional[Notebook]:
     return next((e for e in NOTEBOOKS if e.stem == stem), None)
 
 
-# -- the real-engine scenarios, from each fix's record (``FIX.engine``)
 def scenarios() -> tuple:
     """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in order."""
     return tuple(s for f in FIXES for s in (f.engine or ()))
@@ -139,15 +136,13 @@ def plan(number: str) -> list:
 
 
 def short_of(name: str, need: int, have: int | None) -> str:
-    """The one line saying a machine of ``have`` GPUs cannot run ``name``, which needs ``need``
-    ('' when it can; ``have`` None: any machine can)."""
+    """Why a machine of ``have`` GPUs cannot run ``name`` ('' when it can)."""
     if have is None or need <= have:
         return ""
     return f"{name} needs {need} GPUs, this machine has {have}"
 
 
 def plan_for(number: str, gpus: int | None) -> tuple[list, list[str]]:
-    """The scenarios of one notebook a machine of ``gpus`` GPUs can run (all when None), and one
-    line per scenario it skips."""
+    """The scenarios of one notebook a machine of ``gpus`` GPUs can run, and those it skips."""
     why = {s.name: short_of(s.name, s.gpus, gpus) for s in plan(number)}
     return [s for s in plan(number) if not why[s.name]], [f"skipped {w}" for w in why.values() if w]

@@ -2,8 +2,7 @@
 review card, its record and its recorded runs) and the glossary the fix notebooks lean on.
 
 A symptom is declared here in a line, with what it is derived from; a log line in it is only ever
-SGLang's own, read from the recorded probe answers or engine runs of an affected release.
-"""
+SGLang's own, read from the recorded probe answers or engine runs of an affected release."""
 
 from __future__ import annotations
 
@@ -13,13 +12,10 @@ from typing import Optional
 from sglab.core.card import cell, releases_line
 from sglab.tools import fixes
 
-# how many characters of a card's sentences a cell of the affects table shows
-BUG_CHARS = 220
-WHO_CHARS = 200
+
 AFFECTED = ("before", "regressed")  # the release states in which a fix's bug is live
 
-# (notebook, what it teaches, what it builds on)
-READING_ORDER = (
+READING_ORDER = (  # (notebook, what it teaches, what it builds on)
     ("01_pcg_gate", "Piecewise CUDA graphs (PCG) for prefill, and the start-up gate that decides "
      "whether a model gets them. One GPU, the simplest mechanism: start here.", "the primer"),
     ("03_breakable_graph", "The breakable CUDA graph (BCG), the other way to graph a prefill, and "
@@ -70,13 +66,11 @@ def _symptoms() -> dict[str, tuple[str, str]]:
     }
 
 
-# -- shortening a card's sentences -----------------------------------------------------------------
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"“(#*])")
 
 
 def _cut(sentence: str, room: int, *, words: bool) -> str:
-    """The longest head of ``sentence`` within ``room`` characters ending at a clause (or with
-    ``words``, a word) outside parentheses; '' where none is long enough."""
+    """The longest head of ``sentence`` within ``room`` ending at a clause (or a word), or ''."""
     head = sentence[:room + 1]
     for pattern in (r"[;:](?= )", r" ") if words else (r"[;:](?= )",):
         for end in reversed([m.start() for m in re.finditer(pattern, head)]):
@@ -87,8 +81,7 @@ def _cut(sentence: str, room: int, *, words: bool) -> str:
 
 
 def lead(text: str, limit: int) -> str:
-    """The first whole sentences of ``text`` within ``limit`` characters, the next cut by
-    :func:`_cut` and marked '…'."""
+    """The first whole sentences of ``text`` within ``limit``, the next cut and marked '…'."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
@@ -104,7 +97,6 @@ def lead(text: str, limit: int) -> str:
     return out
 
 
-# -- SGLang's own log lines, recorded on an affected release ---------------------------------------
 def _probe_lines(fix) -> list[tuple[str, str]]:
     """(release, line): what the fix's newest recorded probe logged on an affected release only."""
     from sglab.sglang import store
@@ -153,7 +145,6 @@ def log_line(fix) -> str:
     return f"{releases} {said} “{line}” ({where})."
 
 
-# -- the tables ------------------------------------------------------------------------------------
 def affects_rows() -> list[dict]:
     """One row per fix: its notebook, bug, who it affects, releases and what a reader sees."""
     symptoms, rows = _symptoms(), []
@@ -162,9 +153,9 @@ def affects_rows() -> list[dict]:
         (seen, source), line = symptoms[fix.name], log_line(fix)
         own = " · SGLang's own line" if line else ""
         rows.append(
-            dict(notebook=fix.stem, bug=lead(card.bug, BUG_CHARS),
-                 who=lead(card.affects, WHO_CHARS), releases=releases_line(fix.releases(told=True)),
-                 symptom=f"{seen} {line}".strip(), source=source + own))
+            dict(notebook=fix.stem, bug=lead(card.bug, 220), who=lead(card.affects, 200),
+                 releases=releases_line(fix.releases(told=True)), symptom=f"{seen} {line}".strip(),
+                 source=source + own))
     return rows
 
 
@@ -177,21 +168,17 @@ def _link(stem: str) -> str:
     return f"[{stem}]({stem}.ipynb)"
 
 
-def _releases_cell(line: str) -> str:
-    """A releases line one range a line, the affected ones in bold, a range never broken."""
-    parts = [p.replace("–", "\u2060–\u2060") for p in line.split(" · ")]
-    return "<br>".join(f"**{p}**" if p.startswith("affected") else p for p in parts)
-
-
 def affects_markdown(rows: Optional[list[dict]] = None) -> str:
-    rows = affects_rows() if rows is None else rows
-    return _table([
-        "notebook", "the bug", "who it affects", "releases (read from the wheels)",
-        "what you see (derived from)"
-    ], [[
-        _link(r["notebook"]), r["bug"], r["who"],
-        _releases_cell(r["releases"]), f"{r['symptom']} *({r['source']})*"
-    ] for r in rows])
+    header = ("notebook", "the bug", "who it affects", "releases (read from the wheels)",
+              "what you see (derived from)")
+    out = []
+    for r in affects_rows() if rows is None else rows:
+        # one range a line, the affected ones in bold, a range never broken
+        ranges = [p.replace("–", "\u2060–\u2060") for p in r["releases"].split(" · ")]
+        releases = "<br>".join(f"**{p}**" if p.startswith("affected") else p for p in ranges)
+        out.append((_link(r["notebook"]), r["bug"], r["who"], releases,
+                    f"{r['symptom']} *({r['source']})*"))
+    return _table(header, out)
 
 
 def reading_markdown() -> str:

@@ -43,12 +43,9 @@ NO_FACTS = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": "
 
 
 def _facts(entry, live: list) -> dict:
-    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown: a
-    fix's ``card`` (its review card as HTML) and verdict lines; else its ``claim``."""
-    facts = {
-        **NO_FACTS, "claim": entry.claim if entry else "",
-        "source": "measured live in this run" if live else "recorded runs"
-    }
+    """A notebook's claim facts over ``live`` runs, else over the recorded ones."""
+    source = "measured live in this run" if live else "recorded runs"
+    facts = {**NO_FACTS, "claim": entry.claim if entry else "", "source": source}
     if entry is None or not entry.experiment:
         return {**facts, "source": ""}
     try:
@@ -75,8 +72,7 @@ def inline_markdown(text: str) -> str:
 
 
 def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
-    """The HTML of one notebook's card (``recorded``: its facts, read already; ``earlier``: when
-    the earlier run that left it ran)."""
+    """The HTML of one notebook's card."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
@@ -108,8 +104,7 @@ def _stamp(t: float) -> str:
 
 
 def earlier_entries(out: Path, ran: set) -> list:
-    """The entries of ``out/index.json`` (an earlier run into the folder) for notebooks not in
-    ``ran`` whose page is still there, each with ``ran_utc`` (else the page's time)."""
+    """The entries of an earlier ``out/index.json`` for notebooks not in ``ran``, pages kept."""
     try:
         entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -127,8 +122,7 @@ def earlier_entries(out: Path, ran: set) -> list:
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
                 recorded: dict | None = None, quick: bool = False) -> Path:
-    """Write ``index.html`` and ``index.json`` for ``results``; ``recorded``: ``{stem: facts}`` read
-    already (``quick``: read no more). An earlier run's notebooks not run now keep their cards."""
+    """Write ``index.html`` and ``index.json`` for ``results`` (and earlier runs' notebooks)."""
     live_times = timings.live_times() if live_times is None else live_times
     ran_at = datetime.now(timezone.utc)
     now = ran_at.strftime("%Y-%m-%d %H:%M UTC")
@@ -166,7 +160,6 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
     return path
 
 
-# -- a card's figure: the notebook's first, as a thumbnail
 def first_figure(nb) -> bytes | None:
     """The PNG bytes of the notebook's first figure (first ``image/png`` output), or None."""
     png = next((o["data"]["image/png"] for c in nb.cells

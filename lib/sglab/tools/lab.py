@@ -14,8 +14,7 @@ from jupytext.async_contentsmanager import build_async_jupytext_contents_manager
 
 
 WORKBOOK = re.compile(r"^\d\d_[A-Za-z0-9_]+\.(ipynb|py)$")
-# what running and looking adds to a cell's metadata
-VIEW_STATE = ("execution", "scrolled", "collapsed")
+VIEW_STATE = ("execution", "scrolled", "collapsed")  # what running and looking add to a cell
 
 
 def is_workbook(path: str) -> bool:
@@ -23,8 +22,7 @@ def is_workbook(path: str) -> bool:
 
 
 def strip_session(content: dict, committed_metadata: dict | None) -> dict:
-    """``content`` (a notebook as JSON) without what a session adds: outputs, execution counts, cell
-    timing and view state; notebook metadata as committed (when known)."""
+    """``content`` (a notebook as JSON) without outputs, counts, timing and view state."""
     for cell in content.get("cells", []):
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
@@ -58,33 +56,24 @@ class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFile
         path = path.strip("/")
         if model.get("type") != "notebook" or model.get("content") is None or not is_workbook(path):
             return await super().save(model, path)
-        model["content"] = strip_session(model["content"], self._committed_metadata(path))
-        saved = await super().save(model, path)
-        await self._rewrite_source(model["content"], path)
-        saved["last_modified"] = (await self.get(path, content=False))["last_modified"]
-        return saved
-
-    async def _rewrite_source(self, content: dict, path: str) -> None:
-        """Write the .py as committed (jupytext stamps its version into it on every save)."""
         import nbformat
 
         from sglab.tools.nbtools import py_source
 
+        try:  # the notebook metadata as committed
+            os_path = self._get_os_path(str(PurePosixPath(path).with_suffix(".ipynb")))
+            committed = dict(nbformat.read(os_path, as_version=4).metadata)
+        except (OSError, ValueError):
+            committed = None
+        model["content"] = strip_session(model["content"], committed)
+        saved = await super().save(model, path)
+        # the .py as committed (jupytext stamps its version into it on every save)
         py = str(PurePosixPath(path).with_suffix(".py"))
-        text = py_source(nbformat.from_dict(content))
+        text = py_source(nbformat.from_dict(model["content"]))
         current = await AsyncLargeFileManager.get(self, py, content=True, type="file",
                                                   format="text")
         if current["content"] != text:
-            await AsyncLargeFileManager.save(self,
-                                             {"type": "file", "format": "text", "content": text},
-                                             py)
-
-    def _committed_metadata(self, path: str) -> dict | None:
-        import nbformat
-
-        ipynb = PurePosixPath(path).with_suffix(".ipynb")
-        os_path = self._get_os_path(str(ipynb))
-        try:
-            return dict(nbformat.read(os_path, as_version=4).metadata)
-        except (OSError, ValueError):
-            return None
+            source = {"type": "file", "format": "text", "content": text}
+            await AsyncLargeFileManager.save(self, source, py)
+        saved["last_modified"] = (await self.get(path, content=False))["last_modified"]
+        return saved

@@ -1,7 +1,4 @@
-"""Every recorded real-engine run, one row each: the ledger of ``docs/operating.md``.
-
-A row: when and where, the scenario, its releases and cases, starts, how its engines ended, the
-host's per-launch cost and its claims' verdict; then each scenario's releases not recorded yet."""
+"""Every recorded real-engine run, one row each: the ledger of ``docs/operating.md``."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ HEADER = (
 
 
 def scenario_of(run) -> str:
-    """The first of its fix's scenarios with the run's model, tool and TP size whose cases (A/A
-    copies included) hold every case the run started; else the model and TP size."""
+    """The fix's scenario that holds every case the run started; else its model and TP size."""
     specs = run.manifest.params.get("specs", [])
     fix = run.manifest.experiment.removeprefix("engine_")
     models = {s.get("model") for s in specs}
@@ -44,8 +40,7 @@ def _cases(specs: list[dict]) -> str:
 
 
 def _starts(specs: list[dict]) -> str:
-    """The interleaved starts of each variant, and whether a launch-counting pass (a profiled
-    prefill, after the timed starts) followed; a profiled decode (04's) is one of the starts."""
+    """The interleaved starts of each variant, and whether a launch-counting pass followed."""
     counted = [s.get("profile") and s.get("profile_stage") == "prefill" for s in specs]
     n = 1 + max((s.get("start") or 0 for s, c in zip(specs, counted) if not c), default=0)
     return f"{n}{' + launch pass' if any(counted) else ''}"
@@ -75,13 +70,9 @@ def row(run) -> str:
     of = m.gpu_count_machine
     part = f" of {of}" if of and of != m.gpu_count else ""  # a TP-2 run on a 4-GPU machine
     where = f"{m.gpu} ×{m.gpu_count}{part}{engine_records.pinned(run)}"
-    cells = [
-        f"{when} {where}", f"`{scenario_of(run)}`",
-        _cases(specs),
-        _starts(specs),
-        _ended(m.engine_runs), "" if host is None else f"{host:.1f}",
-        _verdict(run)
-    ]
+    host = "" if host is None else f"{host:.1f}"
+    cells = (f"{when} {where}", f"`{scenario_of(run)}`", _cases(specs), _starts(specs),
+             _ended(m.engine_runs), host, _verdict(run))
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
@@ -110,10 +101,9 @@ def block() -> str:
     found = every_run()
     gpus = sorted({f"{runs.gpu_short(r.manifest)} ×{r.manifest.gpu_count}" for r in found})
     days = sorted({str(r.manifest.created_utc)[:10] for r in found})
-    lines = [
-        START, f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"
-        if found else "No recorded engine run yet.", "", HEADER, *(row(r) for r in found)
-    ]
+    said = (f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"
+            if found else "No recorded engine run yet.")
+    lines = [START, said, "", HEADER, *(row(r) for r in found)]
     missing = not_recorded(found)
     if missing:
         lines += ["", "Releases of a scenario that no recorded run has started:", "", *missing]

@@ -21,8 +21,7 @@ from sglab.core import procs
 
 
 GPU_TAG = "needs-gpu"
-# colours of IPython tracebacks: noise in a report or a log
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # IPython's colours: noise in a report or a log
 PARAM_TAG = "parameters"
 
 
@@ -55,7 +54,7 @@ def check_pair(ipynb: Path) -> list[str]:
     py = ipynb.with_suffix(".py")
     if not py.exists():
         return problems + [f"{ipynb.name}: no paired {py.name}"]
-    if _read_cells(py) != _cells(nb):
+    if _cells(_read(py)) != _cells(nb):
         problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` to pair them")
     return problems
 
@@ -98,8 +97,7 @@ def _git(folder: Path, *args: str) -> str | None:
 
 
 def _read(path: Path, text: str | None = None):
-    """A .py or .ipynb as a notebook (``text``: its content, where not the file's); ValueError
-    naming the file where it is none (an .ipynb cut short, say)."""
+    """A .py or .ipynb (``text``: its content) as a notebook; a ValueError naming it where not."""
     import jupytext
 
     try:
@@ -113,18 +111,11 @@ def _read(path: Path, text: str | None = None):
                          f"{other.suffix[1:]}`") from None
 
 
-def _read_cells(path: Path, text: str | None = None):
-    """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
-    return _cells(_read(path, text))
-
-
 def _committed_cells(path: Path):
     """The cells of ``path`` as committed at the checkout's HEAD; None outside git or untracked."""
     text = _git(path.parent, "show", f"HEAD:./{path.name}")
-    if text is None:
-        return None
     try:
-        return _read_cells(path, text)
+        return _cells(_read(path, text)) if text is not None else None
     except Exception:  # noqa: BLE001 - a committed file that does not parse pairs with nothing
         return None
 
@@ -139,20 +130,8 @@ def _paired_record(folder: Path) -> tuple[Path | None, dict]:
         return path, {}
 
 
-def _note_paired(py: Path, cells) -> None:
-    path, record = _paired_record(py.parent)
-    if path is None:
-        return
-    record[str(py.resolve().with_suffix(""))] = _digest(cells)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def pair_side(py: Path, prefer: str | None = None) -> str | None:
-    """Which half of ``py``'s pair the other is written from: "py", "ipynb", None where they agree
-    (``prefer``: that side). The half still matching the last pairing (a sync's, or HEAD) is the
-    unchanged one; both changed: :class:`PairConflict`; never paired: the newer file."""
+    """The half of ``py``'s pair the other is written from ("py", "ipynb"; None: they agree)."""
     ipynb = py.with_suffix(".ipynb")
     if prefer is not None:  # "py" or "ipynb" (sglab sync --from)
         if not (py if prefer == "py" else ipynb).exists():
@@ -163,7 +142,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
         return "py"
     if not py.exists():
         return "ipynb"
-    p, n = _read_cells(py), _read_cells(ipynb)
+    p, n = _cells(_read(py)), _cells(_read(ipynb))
     if p == n:
         return None
     head_p, head_n = _committed_cells(py), _committed_cells(ipynb)
@@ -177,16 +156,14 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     p_kept, n_kept = _digest(p) in paired, _digest(n) in paired
     if p_kept != n_kept:
         return "ipynb" if p_kept else "py"
-    why = ("cannot tell which is newer"
-           if p_kept else "both were edited since they were last paired")
+    why = "cannot tell which is newer" if p_kept else "both were edited since they were last paired"
     raise PairConflict(f"{py.stem}: {py.name} and {ipynb.name} differ and {why}: keep one with "
                        "`sglab sync --from py` or `sglab sync --from ipynb` (the other's edits are "
                        "lost)")
 
 
 def _write_ipynb(py: Path) -> bool:
-    """Write ``py``'s paired .ipynb (no outputs) from the .py, keeping cell ids stable (those of
-    an .ipynb that reads); False where it was so already."""
+    """Write ``py``'s .ipynb from it, cell ids kept; False where it was so already."""
     import jupytext
 
     nb = jupytext.read(py)  # (a .py holds no outputs)
@@ -207,13 +184,8 @@ def _write(path: Path, text: str) -> bool:
     return True
 
 
-# what a cell's metadata keeps in the .py
-_KEPT = ("tags", "lines_to_next_cell")
-
-
 def _write_py(ipynb: Path) -> bool:
-    """Write the .py of ``ipynb`` from its cells (tags and the blank lines after each, no outputs)
-    under the .py's header; False where it was so already."""
+    """Write the .py of ``ipynb`` under the .py's header; False where it was so already."""
     import jupytext
 
     py = ipynb.with_suffix(".py")
@@ -224,20 +196,25 @@ def _write_py(ipynb: Path) -> bool:
         meta = {"jupytext": {"formats": "ipynb,py:percent"}}
         if "kernelspec" in nb.metadata:
             meta["kernelspec"] = dict(nb.metadata["kernelspec"])
-    for c in nb.cells:  # (jupytext's lines_to_next_cell: a .py's blank lines other than pep8's)
+    kept = ("tags", "lines_to_next_cell")  # (the latter: a .py's blank lines other than pep8's)
+    for c in nb.cells:
         old = c.get("metadata", {})
-        c.metadata = {k: old[k] for k in _KEPT if old.get(k) not in (None, [])}
+        c.metadata = {k: old[k] for k in kept if old.get(k) not in (None, [])}
     nb.metadata = meta
     return _write(py, py_source(nb))
 
 
 def sync(py: Path, side: str | None = "py") -> tuple[Path, Path] | None:
-    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`); returns (from, to), None
-    where both were so already (nothing written)."""
+    """Pair ``py``'s two halves from ``side``: (from, to), None where nothing was written."""
     ipynb = py.with_suffix(".ipynb")
     wrote = _write_py(ipynb) if side == "ipynb" else False
     wrote = _write_ipynb(py) or wrote
-    _note_paired(py, _read_cells(py))
+    path, record = _paired_record(py.parent)
+    if path is not None:
+        record[str(py.resolve().with_suffix(""))] = _digest(_cells(_read(py)))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.replace(tmp, path)
     return ((ipynb, py) if side == "ipynb" else (py, ipynb)) if wrote else None
 
 
@@ -249,8 +226,7 @@ def pairs() -> list[Path]:
 
 
 def py_source(nb) -> str:
-    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, without the
-    ``text_representation`` block (jupytext's version) in the header."""
+    """A notebook's ``.py`` as committed: jupytext percent, no ``text_representation`` block."""
     import jupytext
 
     text = jupytext.writes(nb, fmt="py:percent")
@@ -285,9 +261,7 @@ def readable(path: Path) -> None:
 
 def unknown_parameters(paths: list[Path], params: dict) -> str:
     """Why ``params`` cannot go into these notebooks ('' where they can)."""
-    if not params:
-        return ""
-    for path in paths:
+    for path in paths if params else ():
         names = parameter_names(path)
         bad = [k for k in params if k not in names]
         if bad:
@@ -341,30 +315,12 @@ class _Progress:
         more = "…" if len(first) > 50 or len(self.cell.source.strip().splitlines()) > 1 else ""
         return f"cell {self.index} ({first[:50]}{more})"
 
-    def elapsed(self) -> str:
-        return f" after {time.perf_counter() - self.t0:.1f} s" if self.index is not None else ""
 
-
-# in the kernel's private folder: what the kernel process writes to its stdout and stderr
-KERNEL_LOG = "kernel.log"
-
-
-def kernel_env(folder: str) -> dict:
-    """The kernel's environment: headless, and its temporary files in ``folder``/tmp, which goes
-    with the kernel's folder, so that nothing it leaves (the standard library's temp-folder probe
-    of a kernel killed as it starts, multiprocessing's ``pymp-*``, a notebook's scratch folders)
-    outlives it, and the run never has to tell its files from another program's in the shared
-    folder. The shared caches stay where they were (:func:`sglab.core.runs.shared_caches`)."""
-    from sglab.core.runs import shared_caches
-
-    tmp = Path(folder) / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return {**shared_caches(), **os.environ, "SGLAB_HEADLESS": "1", "TMPDIR": str(tmp)}
+KERNEL_LOG = "kernel.log"  # in the kernel's folder: what the kernel process itself writes
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
-    """Stop the kernel and what it started, remove its files; return the last lines of its
-    :data:`KERNEL_LOG`."""
+    """Stop the kernel and what it started, remove its files; the tail of its :data:`KERNEL_LOG`."""
     from jupyter_core.utils import run_sync
 
     # a cell cut short leaves nbclient's pollers pending on this thread's ``loop``: cancelled here,
@@ -423,9 +379,7 @@ def stop_requested() -> int:
 
 
 def _telling_signals(caught: list):
-    """This thread's event loop, its signal-handler setters wrapped for one execution: nbclient's
-    handler also notes which signal came and runs once; the handler before comes back after; a stop
-    asked before the kernel started ends the execution there."""
+    """This thread's event loop, nbclient's signal handlers noting in ``caught`` what came."""
     from jupyter_core.utils import ensure_event_loop
 
     loop = ensure_event_loop()
@@ -459,10 +413,8 @@ def _telling_signals(caught: list):
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
             params: dict | None = None, partial_dir: Path | None = None,
             kernel_dir: str | None = None) -> Result:
-    """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
-    a failing cell, timeout or signal is in the result's error, the partial notebook in
-    ``partial_dir``; the kernel's sockets, log and temporary files in a folder of ``kernel_dir``
-    (the temporary folder by default), removed once it stops."""
+    """Execute a notebook headless (``needs-gpu`` cells skipped without CUDA); why it stopped in
+    the result's error, the partial notebook in ``partial_dir``."""
     import nbclient
     import nbformat
     from jupyter_client.manager import AsyncKernelManager
@@ -470,6 +422,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
 
     from sglab.core import hardware
     from sglab.core.notebook import read_mode
+    from sglab.core.runs import shared_caches
 
     if skip_gpu is None:
         skip_gpu = not hardware.has_cuda()
@@ -479,6 +432,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     progress = _Progress()
     # the IPC transport: the kernel's sockets are files in a private folder, not TCP ports
     folder = tempfile.mkdtemp(prefix="sglab-kernel-", dir=kernel_dir)
+    os.mkdir(Path(folder) / "tmp")
     km = AsyncKernelManager(kernel_name="python3", transport="ipc",
                             connection_file=str(Path(folder) / "kernel.json"))
     client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name="python3",
@@ -493,8 +447,9 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     caught: list[int] = []
     loop = _telling_signals(caught)
     try:
-        # SGLAB_HEADLESS: widgets become static tables
-        client.execute(env=kernel_env(folder), stdout=log, stderr=log)
+        # headless (widgets become static tables), the temporary files in the kernel's folder
+        env = {**shared_caches(), **os.environ, "SGLAB_HEADLESS": "1", "TMPDIR": f"{folder}/tmp"}
+        client.execute(env=env, stdout=log, stderr=log)
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001
         # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (its future set at once)
         # and lets go of it (km None); a signal during the kernel's start cancels the start
@@ -506,8 +461,9 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         else:
             why = (f"cell timeout {cell_timeout} s" if isinstance(e, CellTimeoutError) else
                    "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": "))
-            status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
-                                            f"({why})")
+            took = time.perf_counter() - progress.t0
+            after = "" if progress.index is None else f" after {took:.1f} s"
+            status, error = "interrupted", f"interrupted: {progress.where()}{after} ({why})"
     finally:
         vars(loop).pop("add_signal_handler", None)
         vars(loop).pop("remove_signal_handler", None)
@@ -521,8 +477,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         said = "" if by_signal or not kernel_said else f"\nthe kernel process wrote:\n{kernel_said}"
         error = _ANSI.sub("", error).rstrip() + f"; partial output in {partial}{said}"
     marker = read_mode(nb)
-    # no marker: a notebook without GPU parts, or one that stopped before it said (then the mode
-    # asked of it, not "cpu")
+    # no marker: a notebook without GPU parts, or one stopped before it said (the mode asked)
     mode = marker["mode"] if marker else str((params or {}).get("MODE", "cpu"))
     signum = (caught or [signal.SIGINT])[0] if by_signal else 0  # KeyboardInterrupt: SIGINT
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,

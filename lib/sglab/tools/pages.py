@@ -1,7 +1,6 @@
 """An executed notebook and its offline page: what each worker of ``sglab run`` does with one
 notebook, and how it stops; apart from the report's index, so that a worker starts without the
-fixes' imports.
-"""
+fixes' imports."""
 
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 _H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
 _H2 = re.compile(r"^ {0,3}##[ \t]+\S")
 APPENDIX = "Appendix"  # the heading the main story ends at; what follows is the appendix
-# the report's folder of the checkout's data files its pages link (a Perfetto trace, say), kept
-# under their path in data/
-FILES = "files"
+FILES = "files"  # the report's copies of the data/ files its pages link (a Perfetto trace, say)
 _HREF = re.compile(r"""\bhref=(["'])([^"']*)\1""")
 
 
@@ -39,8 +36,7 @@ def status_line(r) -> str:
 
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool,
             kernel_dir: str | None = None):
-    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`,
-    its kernel's folder in ``kernel_dir``, the run's: a worker killed outright leaves it there)."""
+    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`)."""
     import nbformat
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out,
@@ -48,10 +44,9 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
     nbformat.write(r.nb, out / p.name)
     page, title, name = out / f"{p.stem}.html", notebook_title(r.nb, p.stem), html.escape(p.name)
     if html_pages and nbtools.stop_requested():  # a stopped run: what happened, and the notebook
-        page.write_text(
-            _plain_page(
-                title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
-                f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
+        body = (f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
+                f"<p>The executed part: <a href='{name}'>{name}</a></p>")
+        page.write_text(_plain_page(title, body), encoding="utf-8")
     elif html_pages:
         write_page(r.nb, page, title=title, status=status_line(r), linked_from=p.parent)
     return r
@@ -70,17 +65,25 @@ WORKER = (
     "import signal, sys\nnoted = []\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
     "    signal.signal(s, lambda n, _f: noted.append(n))\nsys.path.insert(0, sys.argv[2])\n"
     "from sglab.tools.pages import worker\nsys.exit(worker(sys.argv[1], noted))")
-# a worker asked to stop has this long to stop its kernel and report; then its parent kills it
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 5.0  # a worker asked to stop has this long to report; then its parent kills it
 
 
 def worker(job: str, noted: tuple = ()) -> int:
-    """A worker process of `sglab run`: run one notebook (:func:`run_one`), its Result pickled
-    where the job says (None: stopped before it started); a stop signal, or its parent gone, stops
-    the kernel and still reports the partial run."""
+    """A worker process of `sglab run`: one notebook (:func:`run_one`), its Result pickled."""
     spec = pickle.loads(Path(job).read_bytes())
     nbtools.stop_on_signals(noted)
-    _watch_parent(spec["parent"], spec["folder"])
+
+    def watch():  # its parent gone: its kernel stopped, the partial run still reported
+        while os.getppid() == spec["parent"]:
+            time.sleep(0.5)
+        shutil.rmtree(spec["folder"], ignore_errors=True)  # the parent can no longer remove it
+        seen = procs.descendants(os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        procs.stop_seen(seen + procs.descendants(os.getpid()), grace=1.0)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sglab-exit-with-parent", daemon=True).start()
     result = Path(spec["result"])
     r = None
     if not nbtools.stop_requested():
@@ -96,21 +99,6 @@ def worker(job: str, noted: tuple = ()) -> int:
     return 0
 
 
-def _watch_parent(parent: int, folder: str) -> None:
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        shutil.rmtree(folder, ignore_errors=True)  # the parent can no longer remove it
-        seen = procs.descendants(os.getpid())
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(STOP_GRACE_S)
-        procs.stop_seen(seen + procs.descendants(os.getpid()), grace=1.0)
-        os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=watch, name="sglab-exit-with-parent", daemon=True).start()
-
-
 def notebook_title(nb, fallback: str) -> str:
     """The first markdown cell's first ``# heading`` (its markup stripped), else ``fallback``."""
     heads = (_H1.search(c.source) for c in nb.cells if c.cell_type == "markdown")
@@ -119,8 +107,7 @@ def notebook_title(nb, fallback: str) -> str:
 
 
 def contents(nb) -> dict:
-    """The page's contents, its ``##`` headings as ``(anchor, text)``: ``main`` before ``##
-    Appendix``, ``appendix`` that heading (or None), ``more`` those after it."""
+    """The ``##`` headings as ``(anchor, text)``: ``main``, ``appendix`` (or None), ``more``."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
     toc: dict = {"main": [], "appendix": None, "more": []}
@@ -151,16 +138,11 @@ def exporter():
 
 def write_page(nb, path: Path, *, title: str, status: str = "",
                linked_from: Path | None = None) -> Path:
-    """Write the page of an executed notebook, ``status`` and :func:`contents` in its top bar (a
-    page that says why, where nbconvert cannot render the notebook); ``linked_from``: the folder
-    the notebook ran in, whose links to the checkout's data files the page keeps
-    (:func:`copy_linked_files`)."""
+    """Write the page of an executed notebook, ``status`` and :func:`contents` in its top bar."""
     try:
         body, _ = exporter().from_notebook_node(
-            nb, resources={
-                "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
-                "sglab_toc": contents(nb)
-            })
+            nb, resources=dict(metadata={"name": title}, sglab_title=title, sglab_status=status,
+                               sglab_toc=contents(nb)))
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
         body = _plain_page(title,
                            f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
@@ -170,43 +152,43 @@ def write_page(nb, path: Path, *, title: str, status: str = "",
     return path
 
 
-def _relative(href: str) -> bool:
-    """Whether ``href`` names a file relative to its page (no scheme, host, root or anchor only)."""
-    parts = urlsplit(href)
-    return bool(parts.path) and not (parts.scheme or parts.netloc or parts.path.startswith("/"))
+def _relink(text: str, target) -> str:
+    """``text``, each link relative to its page pointed at ``target(path)`` (None: as it was)."""
+
+    def sub(m: re.Match) -> str:
+        q, parts = m.group(1), urlsplit(html.unescape(m.group(2)))
+        relative = parts.path and not (parts.scheme or parts.netloc or parts.path.startswith("/"))
+        new = target(unquote(parts.path)) if relative else None
+        if new is None:
+            return m.group(0)
+        frag = f"#{parts.fragment}" if parts.fragment else ""
+        return f"href={q}{html.escape(f'{quote(new)}{frag}')}{q}"
+
+    return _HREF.sub(sub, text)
 
 
 def copy_linked_files(text: str, folder: Path, linked_from: Path) -> str:
-    """``text``, a page of ``folder``, its links to files of the checkout's ``data/`` (relative to
-    ``linked_from``, where its notebook ran, as in JupyterLab) pointed at copies of those files in
-    ``folder``/:data:`FILES`, so that the report's links work wherever it is read; other links as
-    they were."""
+    """``text``, its links to files of ``data/`` pointed at copies in ``folder``/:data:`FILES`."""
     from sglab.core.runs import repo_root
 
     data = repo_root().resolve() / "data"
 
-    def local(m: re.Match) -> str:
-        q, href = m.group(1), html.unescape(m.group(2))
-        if not _relative(href):
-            return m.group(0)
-        parts = urlsplit(href)
-        source = Path(os.path.normpath(linked_from.resolve() / unquote(parts.path)))
+    def local(path: str) -> str | None:
+        source = Path(os.path.normpath(linked_from.resolve() / path))
         if not source.is_relative_to(data) or not source.is_file():
-            return m.group(0)
+            return None
         rel = source.relative_to(data).as_posix()
         try:
             _copy(source, folder / FILES / rel)
         except OSError:  # the link as it was, rather than no page
-            return m.group(0)
-        frag = f"#{parts.fragment}" if parts.fragment else ""
-        return f"href={q}{html.escape(f'{FILES}/{quote(rel)}{frag}')}{q}"
+            return None
+        return f"{FILES}/{rel}"
 
-    return _HREF.sub(local, text)
+    return _relink(text, local)
 
 
 def _copy(source: Path, target: Path) -> None:
-    """``source`` copied to ``target`` (whole or not at all: two workers may copy one file), unless
-    ``target`` is that copy already (same size and time)."""
+    """``source`` copied whole to ``target``, unless that is its copy already (size and time)."""
     with contextlib.suppress(OSError):
         have, want = target.stat(), source.stat()
         if (have.st_size, have.st_mtime_ns) == (want.st_size, want.st_mtime_ns):
@@ -218,29 +200,20 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def link_pages(folder: Path, written: list[Path]) -> None:
-    """The ``written`` pages of the report in ``folder``: a link to another notebook beside it
-    (``NN_topic.ipynb``, as JupyterLab opens it) pointed at that notebook's page, where the report
-    has one (its executed copy and its page in ``folder``); a page's link to its own executed copy
-    stays."""
+    """The ``written`` pages' links to other notebooks of ``folder`` pointed at their pages."""
 
-    def to_page(m: re.Match, page: Path) -> str:
-        q, href = m.group(1), html.unescape(m.group(2))
-        parts = urlsplit(href)
-        name = unquote(parts.path)
-        if not _relative(href) or "/" in name or not name.endswith(".ipynb"):
-            return m.group(0)
+    def to_page(name: str, page: Path) -> str | None:
         stem = name.removesuffix(".ipynb")
-        if stem == page.stem or not ((folder / name).is_file() and
-                                     (folder / f"{stem}.html").is_file()):
-            return m.group(0)
-        frag = f"#{parts.fragment}" if parts.fragment else ""
-        return f"href={q}{html.escape(f'{quote(stem)}.html{frag}')}{q}"
+        if "/" in name or not name.endswith(".ipynb") or stem == page.stem:
+            return None
+        on = (folder / name).is_file() and (folder / f"{stem}.html").is_file()
+        return f"{stem}.html" if on else None
 
     for page in written:
         try:
             text = page.read_text(encoding="utf-8")
         except OSError:
             continue
-        linked = _HREF.sub(lambda m: to_page(m, page), text)
+        linked = _relink(text, lambda name: to_page(name, page))
         if linked != text:
             page.write_text(linked, encoding="utf-8")

@@ -55,49 +55,42 @@ def current_block(text: str, start: str = START, end: str = END) -> str | None:
     return text[text.index(start):text.index(end) + len(end)]
 
 
-def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
-    text = path.read_text()
-    old = current_block(text, start, end)
-    if new != old:
-        path.write_text(text.replace(old, new))
-    return new != old
-
-
-def _blocks() -> list[tuple]:
-    """``(file, start, end, the block it should hold, what it is)`` of every generated block."""
-    root = runs.repo_root()
-    return [(root / "README.md", START, END, index_block, "README.md index (from data/recorded/)"),
-            (root / "docs" / "structure.md", MAP_START, MAP_END, house_block,
-             "docs/structure.md house map (from lib/sglab)"),
-            (root / "docs" / "operating.md", ledger.START, ledger.END, ledger.block,
-             "docs/operating.md engine ledger (from data/recorded/engine_*)")]
-
-
 class MissingMarker(ValueError):
     """A generated block's file lacks one of its markers: nothing can be put between them."""
 
 
-def _check_markers() -> None:
-    """:class:`MissingMarker` naming the first marker missing from its file."""
+def _blocks() -> list[tuple]:
+    """``(file, start, end, its block, what it is)`` of every generated block, markers checked."""
     root = runs.repo_root()
-    for path, start, end, *_ in _blocks():
+    found = [(root / "README.md", START, END, index_block, "README.md index (from data/recorded/)"),
+             (root / "docs" / "structure.md", MAP_START, MAP_END, house_block,
+              "docs/structure.md house map (from lib/sglab)"),
+             (root / "docs" / "operating.md", ledger.START, ledger.END, ledger.block,
+              "docs/operating.md engine ledger (from data/recorded/engine_*)")]
+    for path, start, end, *_ in found:
         text = path.read_text() if path.exists() else ""
         for marker in (m for m in (start, end) if m not in text):
             raise MissingMarker(
                 f"{path.relative_to(root)} has no {marker} marker: put it back where its generated "
                 f"block {'starts' if marker == start else 'ends'} (`sglab index` writes between "
                 f"{start} and {end})")
+    return found
 
 
 def write_index() -> bool:
     """Rewrite the README index, the house map and the engine ledger; True when any changed."""
-    _check_markers()
-    return any([_rewrite(path, a, b, new()) for path, a, b, new, _ in _blocks()])
+    changed = False
+    for path, start, end, new, _ in _blocks():
+        text = path.read_text()
+        old, block = current_block(text, start, end), new()
+        if block != old:
+            path.write_text(text.replace(old, block))
+            changed = True
+    return changed
 
 
 def stale() -> list[str]:
     """What ``sglab index --check`` reports: the blocks that differ from what they should say."""
-    _check_markers()
     return [
         what for path, a, b, new, what in _blocks()
         if current_block(path.read_text() if path.exists() else "", a, b) != new()

@@ -19,8 +19,7 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
 
 
 def record(*, jobs: int = 2, progress=print):
-    """Run every call live, one worker per release (``jobs`` at a time), and write the recording
-    (its CSV path); a release that did not run stops it."""
+    """Run every call live, one worker per release, and write the recording (its CSV path)."""
     t0 = time.perf_counter()
     asked = calls()
 

@@ -1,8 +1,7 @@
 """The published report: ``sglab run`` executes notebooks headless and writes a self-contained
 ``reports/`` folder (executed ``.ipynb``, an HTML page each, ``index.html``, ``index.json``, and
 under ``files/`` the data files the pages link).
-Here: the run (a worker process per notebook, stop signals), the environment and 00's overview.
-"""
+Here: the run (a worker process per notebook, stop signals), the environment and 00's overview."""
 
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ from sglab.tools import nbtools, pages, timings
 from sglab.tools.index_page import inline_markdown, recorded_facts, write_index
 from sglab.tools.pages import status_line
 
-# nbformat, pandas, the fixes and their claims (torch) are imported where used
-
 
 def default_jobs() -> int:
     """Notebooks at a time: 1 where a GPU is visible (live timings must not share it), else 2."""
@@ -53,15 +50,10 @@ class Ran(list):
 
 
 class _Signals:
-    """This process's handler of the stop signals while a run holds it: the first asks the run to
-    stop, a second ends the workers at once, or once the run is ``final``, exits (128 + the first).
-    """
+    """The stop signals' handler while a run holds it (a second one, once ``final``, exits)."""
 
     def __init__(self):
-        self.received: list[int] = []
-        self.final = False
-        self._saved: dict = {}
-        self._depth = 0
+        self.received, self.final, self._saved, self._depth = [], False, {}, 0
 
     def __call__(self, signum, _frame) -> None:
         self.received.append(int(signum))
@@ -138,8 +130,7 @@ class _Worker:
 
 
 def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> None:
-    """Tell the running workers to stop; kill those still running after :data:`pages.STOP_GRACE_S`
-    (at once on a second signal), then whatever their kernels left running."""
+    """Tell the running workers to stop; kill those still running after the grace time."""
     progress("stopped: the running notebooks are told to stop")
     tell = signal.SIGINT if stopped == signal.SIGINT else signal.SIGTERM
     for w in running:
@@ -171,10 +162,8 @@ def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _S
                  progress) -> tuple[dict, int]:
     """Each notebook in a worker process, ``jobs`` at a time: ``({path: Result}, stop signal)``."""
     folder = Path(tempfile.mkdtemp(prefix="sglab-run-"))
-    job = {
-        "out": out, "params": params, "cell_timeout": cell_timeout, "html_pages": html_pages,
-        "parent": os.getpid(), "folder": str(folder)
-    }
+    job = dict(out=out, params=params, cell_timeout=cell_timeout, html_pages=html_pages,
+               parent=os.getpid(), folder=str(folder))
     done: dict = {}
     pending, running = list(paths), []
     stopped, looked = 0, 0.0
@@ -241,15 +230,13 @@ class _Facts:
 def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
                   cell_timeout: int = 900, html_pages: bool = True, env_rows=None, progress=print,
                   jobs: int | None = None) -> Ran:
-    """Execute ``paths`` into ``out``, each in a worker process, ``jobs`` at a time; the Results in
-    the order of ``paths`` (a :class:`Ran`; a stop signal writes the index of what ran)."""
+    """Execute ``paths`` into ``out``, ``jobs`` at a time; the Results in order (a :class:`Ran`)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
     with stopping() as signals:
         signals.final = False
-        # while the workers run, this process reads the machine and recorded claims for the index
         facts = _Facts(paths, env_rows) if jobs > 1 and len(paths) > 1 else None
         done, stopped = _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals,
                                      progress)
@@ -269,7 +256,6 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
     return results
 
 
-# -- the environment of a run (`sglab env`, the report's last section) -----------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
     sw = hardware.software()
@@ -291,9 +277,8 @@ def env_report() -> list[tuple[str, str]]:
         cb = f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}"
     except ImportError:
         cb = "not installed (static kernel counting unavailable)"
-    rows.append(("cuda-bindings", cb))
     backend, why = kernels.nsight_backend()
-    rows.append(("nsight timing", f"{backend} — {why}"))
+    rows += [("cuda-bindings", cb), ("nsight timing", f"{backend} — {why}")]
     inst = upstream.installed()
     rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else
                  "none in this environment: the notebooks read the releases below instead"))
@@ -307,8 +292,7 @@ def env_report() -> list[tuple[str, str]]:
 
 
 def recorded_summary(recorded: list) -> str:
-    """A notebook's recorded runs in a few words: runs per GPU model and count, and the newest
-    day (``H100 ×1: 3 runs; H200 ×1: 6 runs; newest 2026-11-29``)."""
+    """A notebook's recorded runs: ``H100 ×1: 3 runs; H200 ×1: 6 runs; newest 2026-11-29``."""
     if not recorded:
         return "none yet"
     counts = Counter(f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}" for r in recorded)
@@ -317,8 +301,7 @@ def recorded_summary(recorded: list) -> str:
 
 
 def overview_frame():
-    """00's table of notebooks as data: claim, GPUs, live here, live time and the recorded runs of
-    the rebuild and of the real engine."""
+    """00's table of notebooks as data."""
     import pandas as pd
 
     from sglab.tools import fixes
@@ -330,18 +313,16 @@ def overview_frame():
     rows = []
     for e in fixes.NOTEBOOKS:
         ok, _ = hardware.meets(e.gpus)
-        rows.append({
-            "notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
-            "live here": "yes" if ok else "no", "live time": live_times.get(
-                e.stem, timings.NOT_RECORDED), "rebuild runs": recorded(e.experiment),
-            "real-engine runs": recorded(e.experiment and f"engine_{e.experiment}")
-        })
-    return pd.DataFrame(rows)
+        live, engine = live_times.get(e.stem, timings.NOT_RECORDED), f"engine_{e.experiment}"
+        rows.append((e.stem, e.upstream, e.claim, e.gpus, "yes" if ok else "no", live,
+                     recorded(e.experiment), recorded(e.experiment and engine)))
+    columns = ("notebook", "upstream", "claim", "GPUs", "live here", "live time", "rebuild runs",
+               "real-engine runs")
+    return pd.DataFrame(rows, columns=columns)
 
 
 def overview():
-    """00's table of notebooks (:func:`overview_frame`) as a reader sees it: every cell whole and
-    left-aligned, the claim wrapped (its code as code), the other columns one item a line."""
+    """00's table of notebooks (:func:`overview_frame`) as a reader sees it."""
     from sglab.sglang.fix import REPO
 
     df = overview_frame()
@@ -354,6 +335,5 @@ def overview():
     style = style.set_properties(**{"text-align": "left", "vertical-align": "top"})
     style = style.set_properties(subset=others, **{"white-space": "nowrap"})
     style = style.set_properties(subset=["claim"], **{"white-space": "normal"})
-    return style.set_table_styles([{
-        "selector": "th", "props": "text-align: left; vertical-align: bottom"
-    }])
+    th = dict(selector="th", props="text-align: left; vertical-align: bottom")
+    return style.set_table_styles([th])

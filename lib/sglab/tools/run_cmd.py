@@ -10,8 +10,7 @@ from sglab.tools.commands import Refused, parse_params
 
 
 def _resolve_notebooks(names: list[str]) -> list[Path]:
-    """What ``sglab run`` names: a notebook file of your own as itself, a name or prefix the
-    workbook's; none: every notebook of the workbook."""
+    """The notebooks ``sglab run`` names (files, names or prefixes; none: all of them)."""
     from sglab.tools import nbtools
 
     all_nbs = nbtools.all_notebooks()
@@ -33,8 +32,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def _writable_out(out: Path, paths: list[Path]) -> None:
-    """``out`` made, or why not (ValueError): not a folder, or the folder of a notebook it runs,
-    whose executed copy would replace it."""
+    """``out`` made, or a ValueError saying why not."""
     over = [p.name for p in paths if out.resolve() == p.parent.resolve()]
     if over:
         raise ValueError(f"--out {out}: the executed copy of {', '.join(over)} would replace the "
@@ -92,10 +90,9 @@ def _run_command(args) -> int:
         jobs = min(args.jobs or default_jobs(), len(results))
         print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index "
               "included)")
-        _write_timings(
-            results, args.record, not failed and len(results) == len(paths), params={
-                "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
-            })
+        saved = {"notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params}
+        _write_timings(results, args.record, not failed and len(results) == len(paths),
+                       params=saved)
     # the signal that stopped the run, or one that reached a notebook alone: 128 + it, as a shell
     stopped = getattr(results, "signal", 0) or next(
         (r.stopped_by_signal for r in results if r.stopped_by_signal), 0)

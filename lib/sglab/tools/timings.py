@@ -31,15 +31,12 @@ def _start_stamp(execution: dict):
 
 def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
          metric: str = "wall_s") -> dict:
-    return {
-        "variant": stem, "mode": mode, "phase": phase, "cell": cell, "first_line": first,
-        "metric": metric, "value": value, "unit": "s"
-    }
+    return dict(variant=stem, mode=mode, phase=phase, cell=cell, first_line=first, metric=metric,
+                value=value, unit="s")
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
-    """One row per executed code cell (busy → idle or last reply) plus the kernel row, summing to
-    ``total_s``."""
+    """One row per executed code cell plus the kernel row, summing to ``total_s``."""
     rows, phase = [], "setup"
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -67,15 +64,12 @@ def live_runs(result, runs_root=None) -> list:
     if result.mode != "live" or entry is None or not entry.experiment or result.started is None:
         return []
     end = result.started + result.seconds + 1.0
-    return [
-        p for p in runs.list_runs(entry.experiment, kind="runs", root=runs_root)
-        if result.started <= p.stat().st_mtime <= end
-    ]
+    found = runs.list_runs(entry.experiment, kind="runs", root=runs_root)
+    return [p for p in found if result.started <= p.stat().st_mtime <= end]
 
 
 def frame(results, runs_root=None):
-    """The tidy frame of a whole ``sglab run``: each notebook's cell rows, then the ``phases_s`` of
-    the live runs it wrote as ``measure_s`` rows."""
+    """The tidy frame of a whole ``sglab run`` (its live runs' phases as ``measure_s`` rows)."""
     rows = []
     for r in (r for r in results if r.nb is not None):
         rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds)
@@ -96,8 +90,7 @@ def phase_table(df, metric: str = "wall_s"):
 
 
 def summary(df) -> str:
-    """The printed breakdown: each notebook's total and phases, largest first (a live measurement's
-    own phases under them), then the grand total."""
+    """The printed breakdown: each notebook's total and phases, then the grand total."""
     lines = []
     inner = phase_table(df, "measure_s")
     for stem, part in phase_table(df).groupby("notebook", sort=False):
@@ -116,7 +109,7 @@ def write(results, *, record: bool = False, params: dict | None = None, runs_roo
     """Save the timings of ``results`` as a ``workbook`` run; return the CSV path."""
     df = frame(results, runs_root)
     totals = {
-        r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
+        r.path.stem: dict(seconds=round(r.seconds, 1), status=r.status, mode=r.mode)
         for r in results
     }
     root = runs.data_dir("recorded") if record else None
@@ -129,8 +122,7 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
-    """The results of the run that wrote ``reports``' ``index.json`` and its machine's fields (from
-    the live runs under ``runs_root``); ValueError when these are missing or disagree."""
+    """The results of the run that wrote ``reports``' ``index.json`` and its machine's fields."""
     reports = Path(reports)
     try:
         index = json.loads((reports / "index.json").read_text())
@@ -144,10 +136,8 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         r = entry_result(reports, entry)
         if r.nb is None:
             raise ValueError(f"{r.path}: listed in index.json but not there")
-        stamps = [
-            _start_stamp(cell.get("metadata", {}).get("execution") or {})
-            for cell in r.nb.cells if cell.cell_type == "code"
-        ]
+        code = [c for c in r.nb.cells if c.cell_type == "code"]
+        stamps = [_start_stamp(c.get("metadata", {}).get("execution") or {}) for c in code]
         stamps = [_when(s) for s in stamps if s]
         r.started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
         results.append(r)
@@ -190,11 +180,9 @@ def live_seconds(run) -> dict[str, float]:
 
 
 def live_times(root=None) -> dict[str, str]:
-    """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run
-    per GPU model (a notebook none ran live: absent)."""
-    found = [
-        r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.gpu_name != "cpu"
-    ]
+    """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` (newest run per GPU model)."""
+    found = runs.load_all_recorded(EXPERIMENT, root=root)
+    found = [r for r in found if r.manifest.gpu_name != "cpu"]
     out: dict[str, list[str]] = {}
     for gpu, run in runs.newest_by(found, runs.gpu_short).items():
         for stem, s in live_seconds(run).items():

@@ -1,7 +1,5 @@
 """``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every
-release.
-
-A full ``--releases`` run rewrites ``data/upstream/`` (the table and the PR hunks)."""
+release."""
 
 from __future__ import annotations
 
@@ -11,8 +9,8 @@ from pathlib import Path
 
 from sglab.tools.commands import Refused, flag
 
-# where --releases saves its timeline figure, unless told otherwise
-FIGURE = "reports/upstream_releases.png"
+
+FIGURE = "reports/upstream_releases.png"  # where --releases saves its figure, unless told
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,10 +33,10 @@ def run(args) -> int:
                       "the wheels")
     if args.releases is not None:
         return _releases(args)
-    given = [
-        f for f, on in (("--offline", args.offline), ("--no-write", args.no_write),
-                        ("--figure", args.figure is not None)) if on
-    ]
+    on = {
+        "--offline": args.offline, "--no-write": args.no_write, "--figure": args.figure is not None
+    }
+    given = [f for f, v in on.items() if v]
     if given:
         raise Refused(f"{' and '.join(given)}: for --releases only (the installed SGLang, or "
                       "--root's, is read without network and nothing is written)")
@@ -59,6 +57,7 @@ def run(args) -> int:
 
 
 def _releases(args) -> int:
+    from sglab.sglang import hunks as H
     from sglab.sglang import wheels as R
     from sglab.sglang.releases import parse_version
     from sglab.tools.fixes import FIXES
@@ -95,28 +94,19 @@ def _releases(args) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         R.timeline_figure(tl.frame).savefig(path, bbox_inches="tight")
         print(f"figure: {path}")
-    _write(tl, args)
-    return 0
-
-
-def _write(tl, args) -> None:
-    from sglab.sglang import hunks as H
-    from sglab.sglang import wheels as R
-    from sglab.tools.fixes import FIXES
-
     if args.no_write:
         print("data/upstream/ not rewritten (--no-write)")
-        return
-    if not tl.complete:
+    elif not tl.complete:
         why = ("only the listed releases were read" if args.releases else
                "the release list could not be checked on the package index, or some releases came "
                "from the committed table")
         print(f"data/upstream/ not rewritten: {why}")
-        return
-    path = R.table_path()
-    old = path.read_text() if path.exists() else None
-    R.write_table(tl.frame, path)
-    status = "unchanged" if old == path.read_text() else "updated"
-    hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
-    print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
-          f"{path.parent}/")
+    else:
+        path = R.table_path()
+        old = path.read_text() if path.exists() else None
+        R.write_table(tl.frame, path)
+        status = "unchanged" if old == path.read_text() else "updated"
+        hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
+        print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
+              f"{path.parent}/")
+    return 0

@@ -22,10 +22,8 @@ class BadInput(Exception):
     """A missing or unreadable run, or an unknown experiment: one line, exit status 2."""
 
 
-# -- loading runs, with clear errors ---------------------------------------------------------------
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
-    """Read a run (CSV + manifest) and check that it is whole: both parse, the tidy columns are
-    there, the experiment is known and the row count is the manifest's."""
+    """Read a run (CSV + manifest) and check that it is whole."""
     path = Path(path)
     if path.suffix == ".json":
         path = path.with_suffix(".csv")
@@ -88,8 +86,7 @@ def gpus_for(measure, params: dict) -> int:
     return int(measure.gpus(params)) if hasattr(measure, "gpus") else measure.GPUS
 
 
-# what a --param of record must be, by the type of its default
-_KIND = {
+_KIND = {  # what a --param of record must be, by the type of its default
     int: "an integer", (int, float): "a number", bool: "True or False", str: "a string",
     (list, tuple): "a list such as [1, 2]", dict: "a dict such as {'a': 1}"
 }
@@ -160,7 +157,6 @@ def live_engines(progress: bool = True, only=None) -> tuple[list[runs.Run], list
     return done, skipped
 
 
-# -- reporting -------------------------------------------------------------------------------------
 MARK = {claims.PASS: "pass", claims.FAIL: "FAIL", claims.NA: "n/a "}
 
 
@@ -184,8 +180,7 @@ def format_results(results: list[claims.Result]) -> str:
 
 
 def format_comparison(c: claims.Comparison) -> str:
-    ref = c.reference
-    lines = [f"  against {ref.path.name} ({c.how})"]
+    lines = [f"  against {c.reference.path.name} ({c.how})"]
     for e in c.env:
         lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the "
                      "reference")
@@ -223,16 +218,13 @@ class Verified:
     @property
     def unlisted(self) -> list:
         """The drifts that fail: those ``not_repeated.json`` does not name (shown, not failed)."""
-        known = {(e["run"], e["claim"], e["value"]) for e in listed()}
-        return [
-            d for d in self.drifted if (self.run.path.name, d["claim"], d["value"]) not in known
-        ]
+        known = {(e["claim"], e["value"]) for e in listed() if e["run"] == self.run.path.name}
+        return [d for d in self.drifted if (d["claim"], d["value"]) not in known]
 
 
 def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None,
                recorded: dict | None = None) -> Verified:
-    """``run``'s claims; with ``against``, compared with ``reference`` or else with the record
-    (``recorded``: ``{experiment: runs}`` read once, filled as it goes)."""
+    """``run``'s claims; with ``against``, compared with ``reference`` or else with the record."""
     exp = run.manifest.experiment
     mod = fixes.claims(exp)
     if not against:
@@ -264,17 +256,13 @@ NOT_REPEATED_COLUMNS = ("run", "claim", "figure", "this run", "the other runs", 
 
 
 def listed() -> list[dict]:
-    """``data/recorded/not_repeated.json``: the figures a run does not repeat, each named by run,
-    claim and value, with why."""
+    """``data/recorded/not_repeated.json``: the figures a run does not repeat, and why."""
     path = runs.data_dir("recorded") / "not_repeated.json"
     return json.loads(path.read_text()) if path.exists() else []
 
 
 def not_repeated(recorded: dict | None = None) -> pd.DataFrame:
-    """The figures listed in ``data/recorded/not_repeated.json``: a run's value beyond its tolerance
-    against the other runs of its GPU model and count, each with that value, the others' range,
-    the tolerance, the host's per-launch cost before and after the run, and why (a test keeps the
-    list equal to what the record gives)."""
+    """The figures of :func:`listed`, each with its value, the others', the tolerance and why."""
     recorded = {} if recorded is None else recorded
     rows = []
     for e in listed():

@@ -1,7 +1,6 @@
 """A real release's whole engine on this machine's GPUs, measured with SGLang's own tools (one
 concern per module, in the order a run goes). Nothing here imports SGLang or torch into the calling
-process, nor pandas into the engine's own processes (they import ``hooks`` through this package).
-"""
+process, nor pandas into the engine's own processes (they import ``hooks`` through this package)."""
 
 from sglab.sglang.engine.hooks import (SITECUSTOMIZE, patch_params, remove_text, revert_hunk,
                                        reverted_source)

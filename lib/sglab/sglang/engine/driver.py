@@ -1,14 +1,22 @@
 """The ``engine`` and ``serve`` tools inside the release's environment. ``drive PARAMS.json``: the
 release's own ``ServerArgs`` parser, ``sglang.Engine``, one line per generate call, each process's
 GPU memory (NVML) after an image request. ``serve PARAMS.json``: the release's own server on the
-loopback and its own ``bench_serving`` against it, one line per pass (TTFT, TPOT, E2E).
-"""
+loopback and its own ``bench_serving`` against it, one line per pass (TTFT, TPOT, E2E)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import itertools
 import json
+import random
+import runpy
+import signal
+import socket
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 from sglab.sglang.engine.hooks import say
@@ -36,11 +44,7 @@ def _gpu_memory() -> None:
 
 
 def drive(params_path: str) -> int:
-    """The ``engine`` tool: ``sglang.Engine`` of the release's ``ServerArgs``, each (requests x
-    input length) sent ``repeats`` times as one ``generate`` of fresh random ids, a line each."""
-    import argparse
-    import random
-
+    """The ``engine`` tool: ``sglang.Engine`` of the release's ``ServerArgs``, a line per call."""
     p = json.loads(Path(params_path).read_text())
     import sglang
     from sglang.srt.server_args import ServerArgs
@@ -56,27 +60,24 @@ def drive(params_path: str) -> int:
         from PIL import Image
 
         image = Image.new("RGB", tuple(p["image_size"]), (120, 80, 40))
+    calls = itertools.product(p["input_lens"], p["requests"], range(p["warmup"] + p["repeats"]))
     try:
-        k = 0
-        for il in p["input_lens"]:
-            for n in p["requests"]:
-                for r in range(p["warmup"] + p["repeats"]):
-                    warm = int(r < p["warmup"])
-                    say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
-                    kwargs = {"sampling_params": sampling}
-                    if image is not None:  # text through the model's processor, with the image
-                        kwargs["prompt"] = [p["prompt"]] * n
-                        kwargs["image_data"] = [image] * n
-                    else:
-                        kwargs["input_ids"] = [
-                            [rng.randrange(4, VOCAB) for _ in range(il)] for _ in range(n)
-                        ]
-                    t0 = time.perf_counter()
-                    engine.generate(**kwargs)
-                    dt = time.perf_counter() - t0
-                    say(f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
-                        f"warmup={warm} seconds={dt:.6f}")
-                    k += 1
+        for k, (il, n, r) in enumerate(calls):
+            warm = int(r < p["warmup"])
+            say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
+            kwargs = {"sampling_params": sampling}
+            if image is not None:  # text through the model's processor, with the image
+                kwargs["prompt"] = [p["prompt"]] * n
+                kwargs["image_data"] = [image] * n
+            else:
+                kwargs["input_ids"] = [
+                    [rng.randrange(4, VOCAB) for _ in range(il)] for _ in range(n)
+                ]
+            t0 = time.perf_counter()
+            engine.generate(**kwargs)
+            dt = time.perf_counter() - t0
+            say(f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
+                f"warmup={warm} seconds={dt:.6f}")
         if image is not None:
             _gpu_memory()
     finally:
@@ -95,13 +96,11 @@ def launch_server_argv(python: str, server_argv: list[str], port: int) -> list[s
     """The release's own server on the loopback at ``port``."""
     return [
         python, "-m", "sglang.launch_server", *server_argv, "--host", "127.0.0.1", "--port",
-        str(port)
+        f"{port}"
     ]
 
 
 def _free_port(first: int) -> int:
-    import socket
-
     for port in range(first, first + 200):
         with socket.socket() as s:
             try:
@@ -113,9 +112,8 @@ def _free_port(first: int) -> int:
 
 
 def _ready(url: str, server, deadline: float) -> None:
-    """Wait until ``/health_generate`` answers 200; raise if the server exits or time runs out.
-    Any answer that is not HTTP is "not yet": a loopback connect to a port nobody listens on yet
-    can connect to itself, and then reads its own request back as the answer."""
+    """Wait until ``/health_generate`` answers 200 (any answer not HTTP: a loopback connect to
+    itself); raise if the server exits or time runs out."""
     import http.client
     import urllib.error
     import urllib.request
@@ -136,8 +134,7 @@ def _ready(url: str, server, deadline: float) -> None:
 
 
 def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
-    """The release's own ``bench_serving`` for one pass: random ids of exact lengths,
-    ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm up)."""
+    """The release's own ``bench_serving`` for one pass of random ids."""
     opts = {
         "--backend": "sglang", "--host": "127.0.0.1", "--port": port, "--model": p["tokenizer"],
         "--tokenizer": p["tokenizer"], "--dataset-name": "random-ids",
@@ -159,11 +156,7 @@ def untimed(res: dict) -> str:
 
 
 def stand_in_for_datasets() -> bool:
-    """Where Hugging Face ``datasets`` is missing (the GPU image), a stand-in whose ``load_dataset``
-    raises (``bench_serving`` imports it, ``random-ids`` never calls it); True where it was put."""
-    import importlib.util
-    import types
-
+    """A stand-in for a missing Hugging Face ``datasets``; True where it was put."""
     if importlib.util.find_spec("datasets") is not None:
         return False
 
@@ -177,8 +170,6 @@ def stand_in_for_datasets() -> bool:
 
 def _bench_serving(argv: list[str]) -> int:
     """``python -m sglang.bench_serving ARGV`` in this process; its exit status."""
-    import runpy
-
     saved = sys.argv
     sys.argv = ["bench_serving", *argv]
     try:
@@ -191,15 +182,9 @@ def _bench_serving(argv: list[str]) -> int:
 
 
 def serve(params_path: str) -> int:
-    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` per
-    untimed warm-up pass and per timed pass, each with its own seed, a line per pass."""
-    import importlib
-    import signal
-    import subprocess
-
+    """The ``serve`` tool: the release's server, then ``bench_serving``, a line per pass."""
     p = json.loads(Path(params_path).read_text())
     port = _free_port(int(p["port"]))
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + float(p["timeout"])
     say(f"serve-begin port={port}")
     if stand_in_for_datasets():
@@ -212,7 +197,7 @@ def serve(params_path: str) -> int:
         # bench_serving's own imports while the server starts (about 7 s a start on an H200)
         importlib.import_module("sglang.bench_serving")
         sys.modules.pop("sglang.bench_serving")  # runpy runs it afresh, its imports cached
-        _ready(url, server, deadline)
+        _ready(f"http://127.0.0.1:{port}", server, deadline)
         say("serve-ready")
         top = max(x["concurrency"] for x in p["passes"])
         warm = [{"input_len": il, "concurrency": top, "prompts": top, "repeat": -1, "warmup": 1}

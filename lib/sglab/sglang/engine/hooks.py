@@ -1,15 +1,19 @@
 """What runs inside the engine's own processes: the run's ``sitecustomize`` installs hooks in
 each of them that print the resolved server arguments and apply each adjustment's patch once its
 module is imported: :func:`revert_hunk` (a function redefined without a PR's hunk) or
-:func:`trace_calls` (a line per call), each saying ``applied``: a run proves what it changed.
-"""
+:func:`trace_calls` (a line per call), each saying ``applied``: a run proves what it changed."""
 
 from __future__ import annotations
 
+import __future__
+import functools
+import importlib
+import inspect
 import json
 import os
 import re
 import sys
+import textwrap
 import time
 from itertools import groupby
 from pathlib import Path
@@ -58,8 +62,7 @@ if os.environ.get("SGLAB_ENGINE_HOOKS"):
 
 
 def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
-    """The ``+`` lines around the one line of ``diff`` (in ``symbol``'s section, if given) that
-    adds ``contains``, without the ``+``: what a revert removes."""
+    """The ``+`` lines around the one line of ``diff`` that adds ``contains``, without the ``+``."""
     hunks, section = [], ""  # [(section, lines)]
     for line in diff.read_text().splitlines():
         if line.startswith(("# ──", "--- ", "+++ ")):
@@ -148,8 +151,6 @@ def _print_resolved(module) -> None:
 
 def install_hooks(path: str) -> None:
     """In an engine process: print the resolved server arguments, apply each patch on import."""
-    import importlib
-
     spec = json.loads(Path(path).read_text())
     finder = _AfterImport()
     sys.meta_path.insert(0, finder)
@@ -178,8 +179,7 @@ def remove_text(source: str, text: str, what: str, replacement: str = "") -> str
 
 
 def reverted_source(params: dict, source: str) -> str:
-    """The function's source without the hunk of ``params``; refuses functions a re-definition
-    outside the class would change (``super()``, name-mangled attributes)."""
+    """The function's source without the hunk of ``params``."""
     text = params.get("text") or hunk_added_lines(repo() / params["diff"], params["contains"])
     if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
         raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
@@ -188,10 +188,6 @@ def reverted_source(params: dict, source: str) -> str:
 
 def revert_hunk(params: dict, module) -> None:
     """Patch: redefine ``params["qualname"]`` of ``module`` from its source minus the PR's hunk."""
-    import __future__
-    import inspect
-    import textwrap
-
     owner, attr, fn = _resolve(module, params["qualname"])
     source = textwrap.dedent(inspect.getsource(fn))
     new = reverted_source(params, source)
@@ -202,17 +198,15 @@ def revert_hunk(params: dict, module) -> None:
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(owner, attr, namespace[attr])
-    say(f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: " +
-        (f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})" if params.get(
-            "replacement") else f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
-         ))
+    removed = len(source.splitlines()) - len(new.splitlines())
+    how = (f"{params['text'].strip()!r} -> {params['replacement'].strip()!r}"
+           if params.get("replacement") else f"{removed} lines removed")
+    say(f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
+        f"{how})")
 
 
 def trace_calls(params: dict, module) -> None:
     """Patch: one ``event`` line per call of ``params["qualname"]``, with the named arguments."""
-    import functools
-    import inspect
-
     owner, attr, fn = _resolve(module, params["qualname"])
     sig = inspect.signature(fn)
 

@@ -1,7 +1,6 @@
 """Launching and stopping one engine. :func:`prepare` decides the whole launch before anything
 starts; :func:`launch` starts it in its own process group, streams its log, and stops the whole
-group (:mod:`sglab.core.procs`) at the timeout, on its exit, and however the harness itself ends.
-"""
+group (:mod:`sglab.core.procs`) at the timeout, on its exit, and however the harness itself ends."""
 
 from __future__ import annotations
 
@@ -61,29 +60,19 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
 
 
 def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
-    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths swept ``warmup +
-    repeats`` times, the output length, the jsonl result file, and the profile."""
+    """``bench_one_batch``'s own arguments."""
     lens = [str(n) for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
     out = [
-        "--batch-size", *[str(b) for b in spec.batch_sizes], "--input-len", *lens, "--output-len",
-        str(spec.output_len), "--run-name", spec.variant, "--result-filename",
-        str(work / "result.jsonl")
+        "--batch-size", *map(str, spec.batch_sizes), "--input-len", *lens, "--output-len",
+        f"{spec.output_len}", "--run-name", spec.variant, "--result-filename",
+        f"{work / 'result.jsonl'}"
     ]
     if spec.profile:
         out += [
             "--profile", "--profile-stage", spec.profile_stage, "--profile-steps",
-            str(spec.profile_steps), "--profile-filename-prefix", "profile"
+            f"{spec.profile_steps}", "--profile-filename-prefix", "profile"
         ]
     return out
-
-
-def driver_params(spec: EngineSpec, server: list[str]) -> dict:
-    """What :func:`drive` reads (written as ``drive.json`` in the run's folder)."""
-    return {
-        "server_argv": server, "requests": list(spec.requests), "input_lens": list(spec.input_lens),
-        "output_len": spec.output_len, "repeats": spec.repeats, "warmup": spec.warmup,
-        "image_size": list(spec.image_size) if spec.image_size else None, "prompt": spec.prompt
-    }
 
 
 # the server's loopback port (free ones are tried), below Linux's ephemeral range (32768 on), where
@@ -95,18 +84,14 @@ def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Pat
     """What :func:`~sglab.sglang.engine.driver.serve` reads: server arguments and passes."""
     passes = [{"input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r}
               for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
-    return {
-        "server_argv": server, "port": SERVE_PORT, "tokenizer": str(model_dir),
-        "output_len": spec.output_len, "warmup": spec.warmup, "passes": passes,
-        "results": str(work / "serving.jsonl"), "timeout": spec.timeout
-    }
+    return dict(server_argv=server, port=SERVE_PORT, tokenizer=str(model_dir),
+                output_len=spec.output_len, warmup=spec.warmup, passes=passes,
+                results=str(work / "serving.jsonl"), timeout=spec.timeout)
 
 
 def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
                      said: Optional[set] = None) -> EngineSpec:
-    """``spec`` with the :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` it needs and lacks, said in
-    one line (its reason only the first time, where ``said``, the adjustments named so far, is
-    given)."""
+    """``spec`` with the :data:`MODEL_NEEDS` it lacks, said once (``said``: named so far)."""
     need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
         return spec
@@ -149,7 +134,11 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
         argv = list(sglang_cmd)
     else:
         serving = spec.tool == "serve"
-        p = serve_params(spec, server, model_dir, work) if serving else driver_params(spec, server)
+        image = list(spec.image_size) if spec.image_size else None
+        drive = dict(server_argv=server, requests=list(spec.requests),
+                     input_lens=list(spec.input_lens), output_len=spec.output_len,
+                     repeats=spec.repeats, warmup=spec.warmup, image_size=image, prompt=spec.prompt)
+        p = serve_params(spec, server, model_dir, work) if serving else drive
         params = work / ("serve.json" if serving else "drive.json")
         params.write_text(json.dumps(p, indent=1))
         # the command the record names: the server's own, or the Engine the driver builds
@@ -160,12 +149,10 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     marker = uuid.uuid4().hex
     environ = dict(os.environ)
     path = [hooks_dir, lib_dir(), *env.paths, *filter(None, [environ.get("PYTHONPATH")])]
-    environ.update({
-        "PYTHONPATH": os.pathsep.join(map(str, path)), "SGLAB_ENGINE_HOOKS": str(hooks),
-        "SGLAB_ENGINE_RUN": marker, "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
-        "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1"
-    })
+    environ.update(PYTHONPATH=os.pathsep.join(map(str, path)), SGLAB_ENGINE_HOOKS=str(hooks),
+                   SGLAB_ENGINE_RUN=marker, SGLANG_TORCH_PROFILER_DIR=str(work / "profile"),
+                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1")
     environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for a in spec.adjustments:
         environ.update({k: v.format(lib=lib_dir()) for k, v in a.env})
@@ -185,9 +172,7 @@ class Exit:
 def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,
            cwd: Optional[Path] = None, marker: str = "",
            on_line: Optional[Callable[[str], None]] = None) -> Exit:
-    """Start ``argv`` in its own session, its output streamed to ``log`` and each line to
-    ``on_line``; stop its whole group at ``timeout``, and after any exit whatever of the group (or
-    carrying ``marker``) is left."""
+    """Start ``argv`` in its own session, its output to ``log``; stop its whole group at the end."""
     t0 = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     with procs.Guard() as guard:
@@ -224,10 +209,8 @@ def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = 
             except subprocess.TimeoutExpired:
                 proc.kill()
             if cut is not None:
-                print(
-                    f"[sglab] {type(cut).__name__}: " + (stopped.line(f"engine group {proc.pid}")
-                                                         or "the engine had exited"),
-                    file=sys.stderr, flush=True)
+                said = stopped.line(f"engine group {proc.pid}") or "the engine had exited"
+                print(f"[sglab] {type(cut).__name__}: {said}", file=sys.stderr, flush=True)
     leftovers = [p for p in stopped.found if not p.startswith(f"{proc.pid} ")]
     return Exit(None if timed_out else proc.returncode, timed_out,
                 time.monotonic() - t0, leftovers, stopped.survivors, proc.pid)

@@ -1,7 +1,6 @@
 """Reading an engine's log: one table of the lines SGLang writes (:data:`LINES`: the release file
 that writes each, its exact pattern, what reading it does), our own lines from inside the engine's
-processes (:data:`OURS_READ`), and SGLang's own error in one line (:func:`first_error`).
-"""
+processes (:data:`OURS_READ`), and SGLang's own error in one line (:func:`first_error`)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Optional
 from sglab.sglang.engine.hooks import MARK
 from sglab.sglang.engine.spec import EngineSpec
 
-# Ours, printed inside the engine's processes (hooks, driver)
+
 OURS = re.compile(re.escape(MARK) + r" (?P<kind>\w[\w-]*) ?(?P<rest>.*)$")
 # Messages SGLang raises to say "see above": the cause is an earlier traceback
 WRAPPERS = ("Initialization failed. Please see the error messages above",
@@ -38,7 +37,6 @@ def key_values(rest: str) -> dict:
     return out
 
 
-# -- what reading a line does ----------------------------------------------------------------------
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
           "decode_capture_s", "attention_backend", "moe_config")
@@ -61,7 +59,7 @@ def _decision(**fields):
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
             r.d[k] = v[1](m.group(v[0])) if isinstance(v, tuple) else v
-        r.d["excerpts"].append(strip_prefix(line))
+        r.d["excerpts"].append(re.sub(r"^\[[^\]]*\]\s*", "", line))  # no ``[time TP0]`` prefix
 
     return handle
 
@@ -85,10 +83,9 @@ def _decode_median(r: _Reading, m, line: str) -> None:
 
 def _skipping(r: _Reading, m, line: str) -> None:
     if r.phase == "benchmark":
-        r.d["bench"].append({
-            "skipped": True, "batch_size": int(m["bs"]), "input_len": int(m["il"]),
-            "output_len": int(m["ol"])
-        })
+        r.d["bench"].append(
+            dict(skipped=True, batch_size=int(m["bs"]), input_len=int(m["il"]),
+                 output_len=int(m["ol"])))
 
 
 def _prefill_batch(r: _Reading, m, line: str) -> None:
@@ -98,7 +95,6 @@ def _prefill_batch(r: _Reading, m, line: str) -> None:
         r.call["prefill_batches"].append(batch)
 
 
-# -- the table: each line SGLang writes that sglab reads -------------------------------------------
 # key -> (the file that writes it in 0.5.11-0.5.13, its pattern, its handler or None: progress only)
 MR, CGR, BOB = ("srt/model_executor/model_runner.py", "srt/model_executor/cuda_graph_runner.py",
                 "bench_one_batch.py")
@@ -155,7 +151,6 @@ LOG_STRINGS = {k: (f, rx) for k, (f, rx, _) in LINES.items()}  # the file and pa
 RX = {k: re.compile(rx) for k, (_, rx) in LOG_STRINGS.items()}
 
 
-# -- our own lines, printed inside the engine's processes (hooks, driver) --------------------------
 def _resolved(r: _Reading, rest: str, line: str) -> None:
     if r.d["resolved"] is None:
         with contextlib.suppress(ValueError):
@@ -195,16 +190,10 @@ OURS_READ = {
 _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")
 
 
-def _lines(text: str):
-    """The log's lines, a line of ours joined to the end of another process's split off."""
-    for raw in text.splitlines():
-        yield from (part.rstrip() for part in _JOINED.split(raw))
-
-
 def read_log(text: str) -> dict:
     """The engine's decisions and measurements from its log (:data:`LINES`, :data:`OURS_READ`)."""
-    r = _Reading()
-    for line in _lines(text):
+    r = _Reading()  # a line of ours joined to the end of another process's is split off
+    for line in (part.rstrip() for raw in text.splitlines() for part in _JOINED.split(raw)):
         m = OURS.search(line)
         if m:
             handle = OURS_READ.get(m["kind"])
@@ -228,8 +217,7 @@ def read_log(text: str) -> dict:
 
 
 def first_error(text: str) -> Optional[str]:
-    """SGLang's own message in one line: the first exception ending a traceback, wrappers
-    skipped; else an argparse error; else None."""
+    """SGLang's own error in one line (a traceback's, else argparse's), or None."""
     lines = text.splitlines()
     finals, in_tb = [], False
     for line in lines:
@@ -250,14 +238,8 @@ def first_error(text: str) -> Optional[str]:
     return finals[0][:400] if finals else None
 
 
-def strip_prefix(line: str) -> str:
-    """A log line without SGLang's ``[time TP0] `` prefix."""
-    return re.sub(r"^\[[^\]]*\]\s*", "", line)
-
-
 def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None) -> list[dict]:
-    """One dict per benchmark run in ``bench_one_batch``'s order (its jsonl file, else the log's
-    lines), the first ``spec.warmup`` of each shape marked ``warmup``."""
+    """One dict per benchmark run in ``bench_one_batch``'s order, warm-up runs marked."""
     order = [(bs, il, spec.output_len) for bs in spec.batch_sizes
              for il in [n for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]]
     if result_file is not None and result_file.is_file():

@@ -1,10 +1,11 @@
 """A run's tidy rows, its manifest (release, versions, flags, model config, every harness
-adjustment with its reason, the log lines behind each decision) and what a reader sees.
-"""
+adjustment with its reason, the log lines behind each decision) and what a reader sees."""
 
 from __future__ import annotations
 
+import gzip
 import shlex
+import shutil
 import statistics
 import tempfile
 from dataclasses import asdict
@@ -25,8 +26,7 @@ def _grouped(items: list[dict], *keys: str, order=None) -> list[tuple[tuple, lis
 
 
 def spread(xs: list[float]) -> dict:
-    """Median, min, max, interquartile range and count of repeated measurements (the quartiles
-    interpolated: the inclusive method, so that one slow repeat of 5 does not set the IQR)."""
+    """Median, min, max, interquartile range and count of repeated measurements."""
     import pandas as pd  # here: the engine's own processes import this package, never pandas
 
     s = pd.Series(xs, dtype=float)
@@ -42,20 +42,15 @@ DECISIONS = dict(pcg=("pcg", ""), pcg_reason=("pcg_reason", ""),
                                                                             "s"),
                  attention_backend=("attention_backend", ""), moe_config=("moe_config", ""))
 # metric -> bench_serving's key: a pass's median (``ttft``) and mean (``ttft_mean``), over passes
-SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
-                                                                                         "itl_ms"))
+SERVING_METRICS = dict(ttft="ttft_ms", tpot="tpot_ms", e2e="e2e_latency_ms", itl="itl_ms")
 
 
 def rows(res: EngineResult) -> list[dict]:
     """Tidy rows of one run: variant, tool and shape columns, metric, value, unit."""
     s, d = res.spec, res.decisions
-    base = {
-        "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool, "start": s.start
-    }
-    out = [{
-        **base, "metric": "status", "value": res.status if res.ok else f"{res.status}: {res.error}",
-        "unit": ""
-    }]
+    base = dict(variant=s.variant, release=s.release, case=s.case, tool=s.tool, start=s.start)
+    status = res.status if res.ok else f"{res.status}: {res.error}"
+    out = [{**base, "metric": "status", "value": status, "unit": ""}]
     if not d:
         return out
 
@@ -74,15 +69,13 @@ def rows(res: EngineResult) -> list[dict]:
         add(metric, (" ".join(map(str, v)) or None) if isinstance(v, list) else v, unit)
     # a launch pass ran under the profiler: its counts are exact, its timings are not kept
     counting = s.profile and s.profile_stage == "prefill"
-    timed = [
-        b for b in ([] if counting else res.bench) if not (b.get("skipped") or b.get("warmup"))
-    ]
+    timed = [b for b in res.bench if not (counting or b.get("skipped") or b.get("warmup"))]
     for (bs, il, ol), runs_ in _grouped(timed, "batch_size", "input_len", "output_len"):
         cols = {"batch_size": bs, "input_len": il, "output_len": ol}
         pre = add_spread("prefill", [r["prefill_latency"] * 1e3 for r in runs_],
                          ("median", "min", "max", "iqr"), **cols)
-        add("prefill_throughput", round(statistics.median(r["prefill_throughput"] for r in runs_),
-                                        1), "token/s", **cols)
+        tps = statistics.median(r["prefill_throughput"] for r in runs_)
+        add("prefill_throughput", round(tps, 1), "token/s", **cols)
         dec = [
             r["median_decode_latency"] * 1e3
             for r in runs_ if r.get("median_decode_latency") is not None
@@ -93,7 +86,7 @@ def rows(res: EngineResult) -> list[dict]:
     served = [x for x in d.get("serving", []) if not x.get("warmup")]
     for (il, n, ol), xs in _grouped(served, "input_len", "concurrency", "output_len"):
         cols = {"requests": n, "input_len": il, "output_len": ol}
-        for metric, key in SERVING_METRICS:
+        for metric, key in SERVING_METRICS.items():
             for stat in ("median", "mean"):
                 vals = [float(x[f"{stat}_{key}"]) for x in xs if x.get(f"{stat}_{key}") is not None]
                 if vals:
@@ -125,7 +118,6 @@ def rows(res: EngineResult) -> list[dict]:
             add("events", round(statistics.mean(c.get("events", 0) for c in cs), 3), "per call",
                 **cols)
         add("repeats", len(cs), "calls", **cols)
-    # per traced event and rank: calls, objects called on, sizes asked for, time per call
     events = [{"rank": e.get("pid"), **e} for e in d.get("events", [])]
     for (ev, rank), es in _grouped(events, "event", "rank", order=lambda k: (k[0], str(k[1]))):
         add(f"{ev}_count", len(es), "calls", rank=rank)
@@ -137,13 +129,14 @@ def rows(res: EngineResult) -> list[dict]:
             add_spread(f"{ev}_ms", secs, digits=3, rank=rank)
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
+    units = dict(kernel_launches="launches", graph_launches="launches", kernels_in_graphs="kernels",
+                 gpu_ms="ms", attention_ms="ms", moe_ms="ms")
     for n, got in sorted((res.launches or {}).items()):
-        for key, unit in (("kernel_launches", "launches"), ("graph_launches", "launches"),
-                          ("kernels_in_graphs",
-                           "kernels"), ("gpu_ms", "ms"), ("attention_ms", "ms"), ("moe_ms", "ms")):
+        for key, unit in units.items():
             add(f"prefill_{key}", got.get(key), unit, batch_size=s.batch_sizes[0], input_len=n)
-    for key, unit in (("replays_per_step", "replays"), ("kernels_per_replay", "kernels"),
-                      ("kernels_per_layer", "kernels")):
+    units = dict(replays_per_step="replays", kernels_per_replay="kernels",
+                 kernels_per_layer="kernels")
+    for key, unit in units.items():
         add(f"decode_{key}", res.kernels[key] if res.kernels else None, unit)
     if res.leftovers:
         add("leftover_processes", len(res.leftovers), "processes")
@@ -168,33 +161,26 @@ def manifest_extra(results: list[EngineResult]) -> dict:
     """The manifest's engine part: per run what ran, how, and the log lines behind it."""
     out = []
     for r in results:
-        s = r.spec
-        out.append({
-            "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool,
-            "start": s.start, "cpus": list(s.cpus), "status": r.status, "error": r.error,
-            "versions": {"sglang": s.release, **r.found}, "pins": {
-                k: r.pins.get(k)
-                for k in ("torch", "sglang-kernel", "flashinfer-python", "transformers")
-            }, "server_args": list(s.server_args), "server_argv": r.server_argv,
-            "command": shlex.join(r.sglang_command), "model": model_record(s.model),
-            "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments
-                            ], "applied": r.decisions.get("applied", []),
-            "resolved": r.decisions.get("resolved"), "excerpts": r.decisions.get(
-                "excerpts", [])[:40], "leftovers": r.leftovers, "seconds": round(
-                    r.seconds, 1), "host": r.host, "log_tail": r.tail if not r.ok else []
-        })
-    return {
-        "engine_runs": out, "releases": sorted({r.spec.release
-                                                for r in results}, key=parse_version)
-    }
+        s, d = r.spec, r.decisions
+        pinned = ("torch", "sglang-kernel", "flashinfer-python", "transformers")
+        versions, pins = {"sglang": s.release, **r.found}, {k: r.pins.get(k) for k in pinned}
+        told = [{"name": a.name, "reason": a.reason} for a in s.adjustments]
+        said = dict(applied=d.get("applied", []), resolved=d.get("resolved"),
+                    excerpts=d.get("excerpts", [])[:40])
+        out.append(
+            dict(variant=s.variant, release=s.release, case=s.case, tool=s.tool, start=s.start,
+                 cpus=list(s.cpus), status=r.status, error=r.error, versions=versions, pins=pins,
+                 server_args=list(s.server_args), server_argv=r.server_argv,
+                 command=shlex.join(r.sglang_command), model=model_record(
+                     s.model), adjustments=told, **said, leftovers=r.leftovers, seconds=round(
+                         r.seconds, 1), host=r.host, log_tail=r.tail if not r.ok else []))
+    releases = sorted({r.spec.release for r in results}, key=parse_version)
+    return {"engine_runs": out, "releases": releases}
 
 
 def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None,
            extra: Optional[dict] = None) -> Path:
     """One run ``engine_<fix>`` of these results, with logs and kernel tables as sidecars."""
-    import gzip
-    import shutil
-
     import pandas as pd
 
     from sglab.core.runs import tidy, write_run
@@ -213,9 +199,9 @@ def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None
                 sidecars[f"kernels_{i}"] = pd.DataFrame([{
                     "variant": r.spec.variant, "kernel": k, "per_replay": v
                 } for k, v in r.kernels["table"]])
-        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params={
-            "specs": [_spec_params(r.spec) for r in results]
-        }, root=root, gpu_count=max((r.spec.tp_size for r in results), default=1),
+        params = {"specs": [_spec_params(r.spec) for r in results]}
+        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params=params,
+                         root=root, gpu_count=max((r.spec.tp_size for r in results), default=1),
                          extra={**manifest_extra(results), **(extra or {})}, sidecars=sidecars)
 
 
@@ -230,10 +216,8 @@ def _spec_params(s: EngineSpec) -> dict:
 
 def summary(res: EngineResult) -> list[str]:
     s, d = res.spec, res.decisions
-    out = [
-        f"sglang {s.variant} · {TOOL_NAMES[s.tool]} · "
-        f"{Path(s.model).parent.name} · {res.status}" + (f" · {res.error}" if not res.ok else "")
-    ]
+    head = f"sglang {s.variant} · {TOOL_NAMES[s.tool]} · {Path(s.model).parent.name} · {res.status}"
+    out = [head + (f" · {res.error}" if not res.ok else "")]
     if not res.ok and res.tail:
         out += [f"  | {line}" for line in res.tail[-4:]]
     if not d or (d.get("pcg") == "unknown" and d.get("decode_bs") is None and not res.ok):
@@ -248,10 +232,8 @@ def summary(res: EngineResult) -> list[str]:
     if d.get("bcg") != "not used":
         out.append(f"  breakable CUDA graph: {d['bcg']}" +
                    (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else ""))
-    out += [
-        f"  decode CUDA graph batch sizes: {d.get('decode_bs')}",
-        f"  attention backend: {d.get('attention_backend')}"
-    ]
+    out.append(f"  decode CUDA graph batch sizes: {d.get('decode_bs')}")
+    out.append(f"  attention backend: {d.get('attention_backend')}")
     out += [f"  harness adjustment {a.name}: {a.reason}" for a in s.adjustments]
     got = rows(res)  # bench rows first, then serving, then the engine's calls
     by = {(x["metric"], x.get("batch_size"), x.get("input_len"), x.get("requests")): x["value"]

@@ -1,10 +1,10 @@
 """Where a release is importable from (``$SGLAB_ENGINE_HOME/<V>/site`` on a GPU box, unpacked by
 ``scripts/engine_gpu.sh``, else :mod:`sglab.sglang.releases`), what it pins, and which flags its
-parsers accept: each checked before anything starts, each error one line.
-"""
+parsers accept: each checked before anything starts, each error one line."""
 
 from __future__ import annotations
 
+import ast
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,19 +53,14 @@ VERSIONS = ("torch", "sglang-kernel", "flashinfer-python", "transformers", "trit
             "apache-tvm-ffi", "tokenizers")
 
 
+@lru_cache(maxsize=None)  # a scenario prepares each release's engines many times
 def found_versions(env: ReleaseEnv) -> dict[str, Optional[str]]:
     """Versions the engine's processes will import (the release's folders first)."""
-    return dict(_versions(tuple(str(p) for p in env.paths)))
-
-
-@lru_cache(maxsize=None)
-def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
-    # once per process and folders: a scenario prepares each release's engines many times
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}
     want = {canonicalize_name(n): n for n in VERSIONS}
-    for dist in md.distributions(path=list(paths)):
+    for dist in md.distributions(path=[str(p) for p in env.paths]):
         n = canonicalize_name(dist.metadata.get("Name") or "")
         if n in want and n not in out:
             out[n] = dist.version
@@ -92,8 +87,7 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
 
 
 def release_flags(package: Path, tool: str) -> set[str]:
-    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings, the
-    fields 0.5.14+ annotates ``A[T, "help"]`` / ``A[T, Arg(...)]``, and argparse's ``--no-X``."""
+    """Every ``--flag`` the release's parsers accept for ``tool``."""
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":
@@ -114,8 +108,6 @@ def release_flags(package: Path, tool: str) -> set[str]:
 @lru_cache(maxsize=64)
 def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     """The ``--flags`` one source file declares, parsed once per file version."""
-    import ast
-
     flags: set[str] = set()
     for node in ast.walk(ast.parse(Path(path).read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
@@ -136,8 +128,6 @@ def _with_negations(names: list[str], keywords) -> list[str]:
 
 
 def _annotated_flags(cls) -> set[str]:
-    import ast
-
     out = set()
     for stmt in cls.body:
         ann = stmt.annotation if isinstance(stmt, ast.AnnAssign) else None

@@ -1,6 +1,5 @@
 """One engine run from start to result: prepare, launch with progress lines, read the log, and
-turn what happened into a status and SGLang's own one-line error.
-"""
+turn what happened into a status and SGLang's own one-line error."""
 
 from __future__ import annotations
 
@@ -42,10 +41,9 @@ class EngineResult:
         return self.status == "ok"
 
 
-PROGRESS = (("load_begin", "loading dummy weights"), ("decode_begin",
-                                                      "capturing decode CUDA graphs"),
-            ("pcg_begin", "capturing piecewise CUDA graphs"), ("warmup", "warm-up run"),
-            ("benchmark", "benchmark runs"))
+PROGRESS = dict(load_begin="loading dummy weights", decode_begin="capturing decode CUDA graphs",
+                pcg_begin="capturing piecewise CUDA graphs", warmup="warm-up run",
+                benchmark="benchmark runs")
 
 
 def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], None]:
@@ -54,7 +52,7 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
     say = lambda text: echo(f"[sglab] sglang {spec.variant}: {text}")  # noqa: E731
 
     def on_line(line: str) -> None:
-        for key, what in PROGRESS:
+        for key, what in PROGRESS.items():
             if key not in seen and RX[key].search(line.strip()):
                 seen.add(key)
                 say(f"{what} ({time.monotonic() - t0:.0f} s)")
@@ -78,15 +76,12 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
     return on_line
 
 
-TOOL_NAMES = {
-    "bench": "bench_one_batch", "engine": "Engine", "serve": "launch_server + bench_serving"
-}
+TOOL_NAMES = dict(bench="bench_one_batch", engine="Engine", serve="launch_server + bench_serving")
 
 
 def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
         check: bool = True, said: Optional[set] = None) -> EngineResult:
-    """Run one engine: :class:`EngineError` for what stops it before it starts, else the result's
-    status and one-line error (``said``: see :func:`with_model_needs`)."""
+    """Run one engine: :class:`EngineError` for what stops it before it starts, else a result."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
     spec = with_model_needs(spec, echo, said)
     prep = prepare(spec, work, check=check)

@@ -35,8 +35,7 @@ SERVE_ONLY_ARGS = (("--grammar-backend", "none"), ("--skip-server-warmup", None)
 
 DEFAULT_TIMEOUT_S = 900.0
 
-# the label suffix of a scenario's A/A control (Scenario.control)
-AGAIN = "-again"
+AGAIN = "-again"  # the label suffix of a scenario's A/A control (Scenario.control)
 
 # piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
 PCG_FLAGS = ("--piecewise-cuda-graph-tokens", "128", "256", "512", "1024")
@@ -56,9 +55,7 @@ class ReleaseError(EngineError):
 
 @dataclass(frozen=True)
 class Adjustment:
-    """A change the harness makes to a release's run, named and justified in every manifest:
-    ``env`` for the engine's processes, or a ``patch`` (``module:function``) called with ``params``
-    in each of them once the release module ``params["module"]`` is imported."""
+    """A change the harness makes to a release's run: ``env``, or a ``patch`` run on import."""
 
     name: str
     reason: str
@@ -115,8 +112,7 @@ def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
 
 
 def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk) -> Adjustment:
-    """An adjustment redefining ``module.qualname`` without a PR's hunk (:func:`revert_hunk`):
-    ``hunk`` is ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
+    """An adjustment redefining ``module.qualname`` without a PR's hunk (:func:`revert_hunk`)."""
     return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:revert_hunk",
                       params=(("module", module), ("qualname", qualname), *hunk.items()))
 
@@ -131,11 +127,7 @@ def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine run: ``server_args`` (the reader's flags; :data:`DEFAULT_ARGS` fill the rest) and
-    the shape. ``bench``: ``batch_sizes`` x ``input_lens``, ``repeats`` times after ``warmup``
-    untimed sweeps of every length (bench_one_batch's own warm-up covers its first shape only);
-    ``engine``: ``requests`` x ``input_lens`` per generate call after ``warmup`` untimed calls;
-    ``serve``: ``bench_serving`` per length and concurrency of ``requests``, ``prompts`` each."""
+    """One engine run: ``server_args`` (:data:`DEFAULT_ARGS` fill the rest) and the shape."""
 
     release: str
     model: Path
@@ -182,8 +174,7 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Case:
-    """One arm of a scenario: a label, server arguments, harness adjustments (an
-    :class:`Adjustment`, or a shared one's name), and the releases it applies to (default: all)."""
+    """One arm of a scenario: a label, server arguments, adjustments and releases (default all)."""
 
     label: str
     args: tuple[str, ...] = ()
@@ -193,8 +184,7 @@ class Case:
 
 @dataclass(frozen=True)
 class Scenario:
-    """What a notebook runs on real engines: the fix, a model folder under ``data/models``, a tool,
-    releases, cases and the measurement's shape; :meth:`specs` gives the runs."""
+    """What a notebook runs on real engines; :meth:`specs` gives the runs."""
 
     fix: str
     name: str
@@ -240,25 +230,9 @@ class Scenario:
         return tuple(out)
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
-        """One spec per start, release and case, the starts outermost; round ``i`` rotates each
-        release's variants by ``i`` (A B C, B C A, ...): none always opens or follows another."""
-        per_release: dict[str, list[EngineSpec]] = {}
-        for sp in self._specs(releases):
-            per_release.setdefault(sp.release, []).append(sp)
-        timed = [
-            replace(sp, start=i) for i in range(self.starts) for group in per_release.values()
-            for sp in group[i % len(group):] + group[:i % len(group)]
-        ]
-        counted = [
-            replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
-            for sp in self._specs(releases)
-            if self.launch_pass and sp.tool == "bench" and not sp.case.endswith(AGAIN)
-        ]
-        return timed + counted
-
-    def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
+        """One spec per start, release and case; round ``i`` rotates the variants (A B, B A)."""
         shared = {f: getattr(self, f) for f in SHARED}
-        return [
+        made = [
             EngineSpec(
                 release=v, model=self.model_config(), server_args=c.args, case=c.label,
                 adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
@@ -266,6 +240,19 @@ class Scenario:
             for v in self.releases if not releases or v in releases
             for c in self.all_cases() if not c.releases or v in c.releases
         ]
+        per_release: dict[str, list[EngineSpec]] = {}
+        for sp in made:
+            per_release.setdefault(sp.release, []).append(sp)
+        timed = [
+            replace(sp, start=i) for i in range(self.starts) for group in per_release.values()
+            for sp in group[i % len(group):] + group[:i % len(group)]
+        ]
+        counted = [
+            replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
+            for sp in made
+            if self.launch_pass and sp.tool == "bench" and not sp.case.endswith(AGAIN)
+        ]
+        return timed + counted
 
 
 # the fields a scenario hands each of its specs as they are

@@ -1,11 +1,11 @@
 """The profiler's traces of ``bench_one_batch --profile``: the kernels of each CUDA-graph
 replay (by the ``cudaGraphLaunch`` they correlate with), per replay and per layer; and the host's
-launches in one prefill step (kernel launches, graph launches, the kernels the graphs replayed).
-"""
+launches in one prefill step (kernel launches, graph launches, the kernels the graphs replayed)."""
 
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import re
 import statistics
@@ -18,8 +18,6 @@ GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
 
 
 def read_trace(path: Path) -> dict:
-    import gzip
-
     raw = Path(path).read_bytes()
     return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
@@ -47,44 +45,34 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
     n = max(1, len(replays))
     per_replay = statistics.median(counts) if counts else 0
     per_replay = int(per_replay) if float(per_replay).is_integer() else per_replay  # a count
-    return {
-        "replays": len(replays), "replays_per_step": len(replays) / max(1, steps),
-        "kernels_per_replay": per_replay,
-        "kernels_per_layer": per_replay / layers if layers else None, "table": sorted(
-            ((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0]))
-    }
+    table = sorted(((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0]))
+    return dict(replays=len(replays), replays_per_step=len(replays) / max(1, steps),
+                kernels_per_replay=per_replay,
+                kernels_per_layer=per_replay / layers if layers else None, table=table)
 
 
 # kernel families whose GPU time a prefill step reports: the attention kernels (the release's
 # Triton extend kernels ``_fwd_kernel*`` and any named for attention) and the MoE kernels
-FAMILIES = {
-    "attention": re.compile(r"_fwd_kernel|attention|attn|mla", re.I),
-    "moe": re.compile(r"moe", re.I)
-}
+FAMILIES = dict(attention=re.compile(r"_fwd_kernel|attention|attn|mla", re.I),
+                moe=re.compile(r"moe", re.I))
 
 
 def step_launches(trace: dict) -> dict:
-    """What the host launched in a traced step (exact counts): ``kernel_launches`` (runtime or
-    driver launch calls), ``graph_launches`` (``cudaGraphLaunch``) and ``kernels_in_graphs``; and
-    the GPU time of its kernels (``gpu_ms``) and of each of :data:`FAMILIES` (``attention_ms``,
-    ``moe_ms``), inside graphs or not."""
+    """What the host launched in a traced step (exact counts), and its kernels' GPU time."""
     events = trace.get("traceEvents", [])
     host = [str(ev.get("name", "")) for ev in events if str(ev.get("cat", "")).lower() in HOST_CATS]
     kernels = [ev for ev in events if str(ev.get("cat", "")).lower() == "kernel"]
     ms = lambda evs: round(sum(float(ev.get("dur", 0)) for ev in evs) / 1e3, 4)  # noqa: E731
-    out = {
-        "kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
-        "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
-        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace)), "gpu_ms": ms(kernels)
-    }
+    out = dict(kernel_launches=sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
+               graph_launches=sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
+               kernels_in_graphs=sum(len(r) for r in graph_replays(trace)), gpu_ms=ms(kernels))
     for family, pattern in FAMILIES.items():
         out[f"{family}_ms"] = ms(ev for ev in kernels if pattern.search(str(ev.get("name", ""))))
     return out
 
 
 def prefill_launches(folder: Path) -> dict:
-    """``{input_len: step_launches}`` of the prefill traces ``bench_one_batch --profile
-    --profile-stage prefill`` wrote in ``folder`` (``…_input{N}_…_prefill.trace.json.gz``)."""
+    """``{input_len: step_launches}`` of the prefill traces in ``folder``."""
     out = {}
     for path in sorted(Path(folder).glob("*prefill*.trace.json*")):
         m = re.search(r"_input(\d+)_", path.name)
