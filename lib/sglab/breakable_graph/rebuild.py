@@ -1,7 +1,8 @@
 """Breakable CUDA graph for multi-request prefill (SGLang #24662), rebuilt PR-era: each section
 headed by the upstream file (``python/sglang/srt/...``) and symbols it mirrors; the before/after
 switch is the runner's ``boundary`` (:data:`BOUNDARIES`). Without CUDA a captured graph is an
-:class:`EmulatedReplay`, so routing, the layer swap and the one-request tail run on a CPU."""
+:class:`EmulatedReplay`, so routing, the layer swap and the one-request tail run on a CPU.
+"""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def make_batch(seq_lens: Sequence[int], *, vocab_size: int, device: torch.device
 
 @dataclass
 class AttnMetadata:
-    """The attention backend's ``forward_metadata``: each token's request, the causal mask."""
+    """The attention backend's ``forward_metadata``: each token's request (padding: ``batch_size``)
+    and ``mask[i, j]``, token ``i`` may attend to ``j`` (same request, ``j <= i``)."""
 
     num_tokens: int
     batch_size: int
@@ -111,13 +113,15 @@ def get_forward_metadata() -> AttnMetadata:
 
 # -- 2. model_executor/breakable_cuda_graph/breakable_cuda_graph.py · eager_on_graph,
 #    BreakableCUDAGraph, BreakableCUDAGraphCapture
-# Tensors captured at a break point are held with strong references (SGLang's weak ones of the PR
-# era proved unsafe: #30584, #37606). No side-stream wait_stream hook: the toy model forks none.
+# Tensors captured at a break point are held with strong references (SGLang held weak references at
+# the PR era; SGLang issues #30584 / #37606 later found that unsafe). No side-stream wait_stream
+# hook: the toy model forks no streams.
 _current_capture: "BreakableCUDAGraphCapture | None" = None
 
 
 def eager_on_graph(enable: bool = True):
-    """Decorate a function that must run eagerly: a break between two captured segments."""
+    """Decorate a function that must run eagerly: during a breakable capture it ends the current
+    graph segment, runs once eagerly, records a replay closure and starts a new segment."""
 
     def decorator(inner: Callable):
         if not enable:
@@ -169,7 +173,8 @@ class BreakableCUDAGraphCapture:
     def __init__(self, cuda_graph: BreakableCUDAGraph, pool=None,
                  stream: torch.cuda.Stream | None = None):
         self.cuda_graph, self._pool, self._stream = cuda_graph, pool, stream
-        self._stream_ctx, self._segment_open = None, False
+        self._stream_ctx = None
+        self._segment_open = False
 
     def __enter__(self):
         global _current_capture
@@ -206,7 +211,8 @@ class BreakableCUDAGraphCapture:
 
 
 class EmulatedReplay:
-    """CPU stand-in for a captured graph: replay re-runs the captured closure into its output."""
+    """CPU stand-in for a captured graph: replay re-runs the captured closure over the same static
+    buffers and the same capture-time batch, then copies into the captured output buffer."""
 
     _segments = _break_fns = ()
 
@@ -219,8 +225,9 @@ class EmulatedReplay:
 
 
 # -- 3. no upstream file · the attention break and the models --------------------------------------
-# The shared toy decoder with learned positions; its attention op, varlen_attention, is the break
-# (@eager_on_graph, as SGLang's attention layers) and stands in for its varlen backend.
+# The shared toy decoder with learned positions; its attention op, varlen_attention, is decorated
+# @eager_on_graph(True) like SGLang's attention layers and stands in for its varlen backend: one
+# dense SDPA with a block-diagonal causal mask from the live extend_seq_lens.
 ModelConfig = DecoderConfig  # the name this notebook's parameters and tests use
 TINY_CONFIG = ModelConfig(vocab_size=128, hidden_size=64, num_heads=4, head_dim=16,
                           intermediate_size=128, num_layers=2, max_position=512)
@@ -258,6 +265,7 @@ class TinyVLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.config = cfg
         self.vision_tower = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.language_model = TinyCausalLM(cfg)
 
@@ -271,6 +279,7 @@ class TinyGPTStyleLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.config = cfg
         self.transformer = DecoderStack(cfg, VarlenAttention)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.logits_processor = LogitsProcessor()
@@ -286,6 +295,7 @@ class TinyNestedWrapper(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.config = cfg
         self.model = TinyCausalLM(cfg)
 
     @torch.no_grad()
@@ -293,15 +303,18 @@ class TinyNestedWrapper(nn.Module):
         return self.model(input_ids, positions, forward_batch)
 
 
-MODEL_SHAPES: dict[str, type[nn.Module]] = dict(causal_lm=TinyCausalLM, vlm_language_model=TinyVLM,
-                                                no_model_layers=TinyGPTStyleLM,
-                                                nested_wrapper=TinyNestedWrapper)
+MODEL_SHAPES: dict[str, type[nn.Module]] = {
+    "causal_lm": TinyCausalLM, "vlm_language_model": TinyVLM, "no_model_layers": TinyGPTStyleLM,
+    "nested_wrapper": TinyNestedWrapper
+}
 
 
 def build_model(cfg: ModelConfig = TINY_CONFIG, *, shape: str = "causal_lm",
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 seed: int = 0, draw_on: str = "cpu") -> nn.Module:
-    """A model of one shape, seeded weights drawn on the CPU and moved, or drawn on ``device``."""
+    """A model of one shape, weights from :func:`~sglab.core.toy_decoder.init_normal_` seeded with
+    ``seed``: drawn on the CPU and moved (``draw_on="cpu"``, the runs before method 3, bit for bit),
+    or the same distributions drawn on ``device`` in ``dtype`` (``"device"``: milliseconds)."""
     if cfg.positions != "learned":
         raise ValueError("the breakable-graph model uses learned positions (positions='learned')")
     if draw_on not in ("cpu", "device"):
@@ -333,7 +346,9 @@ BOUNDARIES = (BEFORE, AFTER)
 
 
 def resolve_layer_model(model: nn.Module, *, walk: bool = False) -> nn.Module | None:
-    """The stack the "after" runner captures (``walk``: down ``.model``, #30006), else ``None``."""
+    """The inner stack the "after" runner captures, else ``None`` with a warning: #24662's
+    ``getattr(model, "language_model", model).model`` if it has ``.layers``, or (``walk``, cf.
+    SGLang #30006) the first module with ``.layers`` down the ``.model`` chain."""
     language_model = getattr(model, "language_model", model)
     if not walk:
         if hasattr(language_model, "model") and hasattr(language_model.model, "layers"):
@@ -360,8 +375,15 @@ class _Captured:
 
 
 class BreakableGraphRunner:
-    """The breakable-graph prefill runner, boundary ``"before"`` #24662 (``model.forward`` at bs=1)
-    or ``"after"`` (only ``layer_model``); ``capture=False`` builds the routing state only."""
+    """The breakable-graph prefill runner with the capture boundary of before or after #24662.
+
+    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch of
+      ``[:1]`` slices of static ``(max_bs,)`` buffers, so ``can_run`` rejects ``batch_size > 1``.
+    * ``"after"``: captures only ``layer_model`` (``None`` disables the runner); ``replay`` runs the
+      outer ``model.forward`` eagerly with ``layer_model.forward`` swapped for the replay.
+
+    ``capture=False`` builds the routing state only (``can_run``).
+    """
 
     def __init__(self, model: nn.Module, *, boundary: str, capture_num_tokens: Sequence[int],
                  max_bs: int = 64, capture: bool = True, pool=None):
@@ -398,18 +420,10 @@ class BreakableGraphRunner:
             return
         if self.is_cuda:
             self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-        n = self.capture_num_tokens[0]
-        batch = self._build_capture_forward_batch(n)
-        with set_forward_context(build_attn_metadata(batch.extend_seq_lens_cpu, n, self.device)):
-            self._run_forward(batch, n)  # the warm-up
+        self._warmup()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
-        stream = torch.cuda.Stream(self.device) if self.is_cuda else None
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for n in reversed(self.capture_num_tokens):  # largest first, as SGLang does
-                self.captured[n] = self._capture_one(n, stream)
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+        self._capture_all()
 
     # -- capture -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -431,9 +445,24 @@ class BreakableGraphRunner:
                             positions=self.positions[:num_tokens], extend_seq_lens=extend_seq_lens,
                             extend_seq_lens_cpu=[num_tokens])
 
+    def _warmup(self) -> None:
+        n = self.capture_num_tokens[0]
+        batch = self._build_capture_forward_batch(n)
+        with set_forward_context(build_attn_metadata(batch.extend_seq_lens_cpu, n, self.device)):
+            self._run_forward(batch, n)
+
+    def _capture_all(self) -> None:
+        stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for n in reversed(self.capture_num_tokens):  # largest first, as SGLang does
+                self.captured[n] = self._capture_one(n, stream)
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
     def _capture_one(self, num_tokens: int, stream) -> _Captured:
         forward_batch = self._build_capture_forward_batch(num_tokens)
-        # the bs=1 placeholder metadata holds only while capturing; replay reads the caller's
+        # the bs=1 placeholder metadata is in force only while capturing; at replay the attention
+        # breaks read whatever metadata the replaying caller has put in the forward context
         meta = build_attn_metadata(forward_batch.extend_seq_lens_cpu, num_tokens, self.device)
 
         def run_once():

@@ -113,7 +113,8 @@ def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool 
 def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
                               *, gathered: bool = True, two_batch_overlap: bool = False,
                               num_max_requests: int | None = None) -> list[int]:
-    """``get_batch_sizes_to_capture``: the multiples of ``mul_base`` up to the padded pool."""
+    """Pad ``num_max_requests`` up to ``mul_base`` (and add it when the list goes past it), keep
+    the batch sizes divisible by ``mul_base`` (one token each), clamp, sort, de-duplicate."""
     capture_bs = list(batch_sizes)
     mul_base = decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
                                two_batch_overlap=two_batch_overlap)
@@ -146,14 +147,17 @@ def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: i
 
 def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
                  two_batch_overlap: bool = False) -> dict[str, list[int]]:
-    """The switch: ``before``, ``pr_filter`` (empty where the PR asserts), ``round_up``."""
+    """The switch: what each variant captures from ``sizes`` with the tokens scattered: ``before``
+    (as given), ``pr_filter`` (empty where the PR asserts), ``round_up`` (as SGLang 0.5.23)."""
     try:
         kept = filter_piecewise_capture_sizes(sizes, attn_tp, attn_cp)
     except NoCaptureSizes:
         kept = []
-    return dict(
-        before=list(sizes), pr_filter=kept,
-        round_up=today_capture_sizes(sizes, attn_tp, attn_cp, two_batch_overlap=two_batch_overlap))
+    return {
+        "before": list(sizes), "pr_filter": kept,
+        "round_up": today_capture_sizes(sizes, attn_tp, attn_cp,
+                                        two_batch_overlap=two_batch_overlap)
+    }
 
 
 # -- 7. layers/communicator.py · _scatter_hidden_states_and_residual,
@@ -184,7 +188,8 @@ def check_equal_shards(num_tokens: int, attn_tp_size: int) -> None:
 
 def scatter_to_attn_tp(hidden, attn_tp_rank: int, attn_tp_size: int, group=None, *,
                        check: bool = True):
-    """This rank's shard, reduce-scattered over attention TP (``check``: unequal shards refused)."""
+    """This rank's ``tensor_split`` shard of ``hidden``, overwritten with the reduce-scatter over
+    the attention-TP group; ``check``: unequal shards fail on every rank before any collective."""
     if check:
         check_equal_shards(hidden.shape[0], attn_tp_size)
     local = hidden.tensor_split(attn_tp_size)[attn_tp_rank]
@@ -199,6 +204,7 @@ def gather_from_attn_tp(out, local, group=None):
 
 
 def dense_tp1_stand_in(x, weight, eps: float = 1e-6):
-    """A per-token RMSNorm (float32) for the dense MLP at TP 1: padding never changes real rows."""
+    """A per-token RMSNorm (float32), standing in for the layernorm + dense MLP at TP 1 between
+    scatter and gather; row-wise, so padding never changes real rows."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * weight

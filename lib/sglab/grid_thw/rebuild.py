@@ -40,8 +40,10 @@ def navit_resize_config(width: int, height: int, patch_size: int = PATCH_SIZE,
     pad_h = (factor - new_h % factor) % factor
     pad_w = (factor - new_w % factor) % factor
     num_tokens = ((new_h + pad_h) // factor) * ((new_w + pad_w) // factor)
-    return dict(num_tokens=num_tokens, new_width=new_w, new_height=new_h, pad_width=pad_w,
-                pad_height=pad_h)
+    return {
+        "num_tokens": num_tokens, "new_width": new_w, "new_height": new_h, "pad_width": pad_w,
+        "pad_height": pad_h
+    }
 
 
 def _process_single_image(image, config: dict, image_mean, image_std_inv, patch_size: int):
@@ -60,13 +62,19 @@ def _process_single_image(image, config: dict, image_mean, image_std_inv, patch_
 
 
 def gpu_preprocess_images(images: list, device, patch_size: int = PATCH_SIZE):
-    """``_gpu_preprocess_images``, an image at a time: ``pixel_values``, ``grid_thws``, configs."""
+    """``_gpu_preprocess_images`` (one image at a time; upstream batches equal sizes, same result):
+    ``pixel_values`` (all patches, 3, p, p) and ``grid_thws`` (n_images, 3) int64, both on
+    ``device``, and the resize configs (for the token expansion)."""
     device = torch.device(device)
     mean = torch.tensor(IMAGE_MEAN, device=device, dtype=torch.float32).view(1, 3, 1, 1)
     std_inv = (1.0 / torch.tensor(IMAGE_STD, device=device, dtype=torch.float32)).view(1, 3, 1, 1)
-    configs = [navit_resize_config(im.shape[2], im.shape[1], patch_size) for im in images]
-    patches, grids = zip(*(_process_single_image(im.to(device), c, mean, std_inv, patch_size)
-                           for im, c in zip(images, configs)))
+    configs, patches, grids = [], [], []
+    for image in images:
+        config = navit_resize_config(image.shape[2], image.shape[1], patch_size)
+        p, g = _process_single_image(image.to(device), config, mean, std_inv, patch_size)
+        configs.append(config)
+        patches.append(p)
+        grids.append(g)
     return torch.cat(patches, dim=0), torch.stack(grids, dim=0), configs
 
 
@@ -90,7 +98,8 @@ def gpu_call(prompt_ids: list[int], images: list, *, fixed: bool, device="cuda:0
 # -- 2. srt/managers/schedule_batch.py · MultimodalDataItem (the fields used here) -----------------
 @dataclass
 class MMItem:
-    """``hash`` keys the embedding cache: per image once split, over all pixels while bundled."""
+    """``hash`` keys the embedding cache: one hash per image once the item is split, one over all
+    of a request's pixels while it stays bundled."""
 
     modality: str
     feature: Any = None
@@ -124,18 +133,28 @@ def _sliced_item(item: MMItem, i: int, start: int, end: int, num_items: int,
                  feature_len: int | None) -> MMItem:
     new = copy.copy(item)
     new.feature, new.offsets, new.hash = item.feature[start:end], [item.offsets[i]], None
-    new.model_specific_data = {}
+    data = {}
     for key, value in item.model_specific_data.items():
         length = _get_length(value)
-        new.model_specific_data[key] = (
-            value[i:i + 1] if length == num_items else
-            value[start:end] if feature_len is not None and length == feature_len else value)
+        data[key] = (value[i:i + 1] if length == num_items else value[start:end]
+                     if feature_len is not None and length == feature_len else value)
+    new.model_specific_data = data
     return new
+
+
+def _try_simple_split(item: MMItem, num_items: int, out: list) -> bool:
+    """Split only when the feature has exactly one row per offset."""
+    if _get_length(item.feature) != num_items:
+        return False
+    out.extend(_sliced_item(item, i, i, i + 1, num_items, None) for i in range(num_items))
+    return True
 
 
 def _split_by_grid(item: MMItem, image_grid_thw, num_items: int) -> list | None:
     """Slice the feature by each image's t·h·w patches (None when they miss the feature's rows)."""
-    per_item = [int(torch.prod(torch.as_tensor(g, dtype=torch.long))) for g in image_grid_thw]
+    per_item = [
+        int(torch.prod(torch.as_tensor(g, dtype=torch.long)).item()) for g in image_grid_thw
+    ]
     bounds = [0] + torch.cumsum(torch.tensor(per_item, dtype=torch.long), dim=0).tolist()
     feature_len = _get_length(item.feature)
     if feature_len is None or bounds[-1] != feature_len:
@@ -147,19 +166,19 @@ def _split_by_grid(item: MMItem, image_grid_thw, num_items: int) -> list | None:
 
 
 def get_new_expanded_mm_items(original_mm_items: list) -> list:
-    """The image branch: one item per image, by ``image_grid_thw``; else one row per offset."""
+    """The image branch: one item per image, by ``image_grid_thw``."""
     expanded: list = []
     for item in original_mm_items:
-        num_items = len(item.offsets or [])
+        if not (item.offsets is not None and len(item.offsets) > 1 and item.is_image()):
+            expanded.append(item)
+            continue
+        num_items = len(item.offsets)
         grid = item.model_specific_data.get("image_grid_thw")
-        if not (num_items > 1 and item.is_image()):
-            split = None
-        elif grid is not None and _get_length(grid) == num_items:
-            split = _split_by_grid(item, grid, num_items)
-        elif _get_length(item.feature) == num_items:  # the simple split: one row per offset
-            split = [_sliced_item(item, i, i, i + 1, num_items, None) for i in range(num_items)]
-        else:
-            split = None
+        if grid is None or _get_length(grid) != num_items:
+            if not _try_simple_split(item, num_items, expanded):
+                expanded.append(item)
+            continue
+        split = _split_by_grid(item, grid, num_items)
         expanded.extend(split if split is not None else [item])
     return expanded
 
@@ -182,9 +201,11 @@ def hash_feature(feature: torch.Tensor) -> int:
 # FEATURE_NAMES is an allow-list: a model-specific processor's other tensor escapes it, which is how
 # a 32-byte grid reached every TP rank on cuda:0. ("grid_thws": for kimi k2.5.)
 FEATURE_NAMES = ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
-ATTR_NAME_TO_MODALITY = dict(pixel_values="image", image_grid_thw="image", grid_thws="image",
-                             pixel_values_videos="video", video_grid_thw="video",
-                             audio_features="audio", input_features="audio")
+ATTR_NAME_TO_MODALITY = {
+    "pixel_values": "image", "image_grid_thw": "image", "grid_thws": "image",
+    "pixel_values_videos": "video", "video_grid_thw": "video", "audio_features": "audio",
+    "input_features": "audio"
+}
 
 
 def offload_features(result: dict, feature_names=FEATURE_NAMES) -> dict:
@@ -201,7 +222,8 @@ def process_mm_data(prompt_ids: list[int], images: list, *, fixed: bool, device=
 
 
 def collect_mm_items(result: dict) -> list[MMItem]:
-    """``collect_mm_items_from_processor_output``: one bundled item per modality."""
+    """``collect_mm_items_from_processor_output``: one bundled item per modality; feature tensors
+    become ``feature``, the rest model-specific data."""
     items: dict[str, MMItem] = {}
     for attr, value in result.items():
         modality = ATTR_NAME_TO_MODALITY.get(attr)
@@ -280,11 +302,20 @@ class EmbeddingCache:
 # Plain pickle writes a CUDA tensor by value with its device (the storage goes through torch.save's
 # location tag), so pickle.loads re-creates it on cuda:0 in whichever process unpickles it: a whole
 # CUDA context on GPU 0 for a 32-byte grid. A CUDA IPC handle is opened on the tensor's device too.
-send_pyobj, recv_pyobj = pickle.dumps, pickle.loads  # ZMQ's: a CUDA tensor by value, its device
+def send_pyobj(obj) -> bytes:
+    """ZMQ ``send_pyobj``: ``pickle.dumps`` (a CUDA tensor goes by value, with its device)."""
+    return pickle.dumps(obj)
+
+
+def recv_pyobj(data: bytes):
+    """ZMQ ``recv_pyobj``: ``pickle.loads`` (a CUDA tensor comes back on its saved device)."""
+    return pickle.loads(data)
 
 
 def ipc_dumps(obj) -> bytes:
-    """What a ``torch.multiprocessing`` queue sends: a CUDA tensor as an IPC handle."""
+    """What a ``torch.multiprocessing`` queue sends: ``ForkingPickler`` with torch's reducers. A
+    CUDA tensor becomes an IPC handle the receiver opens on its device (the sender keeps it alive
+    until then); CPU tensors go through named shared memory (``file_system``)."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing as tmp  # registers the tensor reducers
@@ -309,15 +340,18 @@ CUDA_IPC = Wire(ipc_dumps, recv_pyobj, per_receiver=True)  # an IPC handle, open
 
 
 def broadcast_pyobj(data: list, rank: int, dist_group, src: int = 0) -> list:
-    """``broadcast_pyobj`` on the gloo CPU group: pickle, size and bytes broadcast, unpickle."""
+    """``broadcast_pyobj`` with ``force_cpu_device=True`` (the gloo CPU group): pickle, two
+    broadcasts (size, bytes), ``pickle.loads``. ``rank``: the caller's global rank."""
     import torch.distributed as dist
 
     if rank == src:
-        serialized = pickle.dumps(data) if len(data) else b""
+        if len(data) == 0:
+            dist.broadcast(torch.tensor([0], dtype=torch.long), src=src, group=dist_group)
+            return data
+        serialized = pickle.dumps(data)
+        tensor_data = torch.ByteTensor(np.frombuffer(serialized, dtype=np.uint8))
         dist.broadcast(torch.tensor([len(serialized)], dtype=torch.long), src=src, group=dist_group)
-        if serialized:
-            dist.broadcast(torch.ByteTensor(np.frombuffer(serialized, dtype=np.uint8)), src=src,
-                           group=dist_group)
+        dist.broadcast(tensor_data, src=src, group=dist_group)
         return data
     size = torch.tensor([0], dtype=torch.long)
     dist.broadcast(size, src=src, group=dist_group)
@@ -348,7 +382,8 @@ def prompt_for(n_images: int) -> list[int]:
 
 
 def request_stream(n_requests: int, pool_size: int, max_images: int, seed: int) -> list[list[int]]:
-    """Seeded requests of 1..``max_images`` distinct pool images: images repeat, sets rarely."""
+    """Seeded multi-image requests, each 1..``max_images`` distinct images of a pool of
+    ``pool_size``: images repeat across requests while whole image sets rarely do."""
     rng = np.random.default_rng(seed)
     return [[
         int(i)

@@ -1,7 +1,11 @@
-"""The piecewise-CUDA-graph gate and the Kimi-K2.5 ``.model`` alias (SGLang #26382 part A), PR era:
-one section per upstream file (``server_args.py``, ``models/kimi_k25.py``, ``model_runner.py``,
-``piecewise_cuda_graph_runner.py``), headed by its path and symbol, to read beside the released
-hunk; the before/after switch is the wrapper variant (:func:`build_wrapper`)."""
+"""The piecewise-CUDA-graph gate and the Kimi-K2.5 ``.model`` alias (SGLang #26382 part A), PR era.
+
+One section per upstream file, headed by its path and symbol, to read beside the released hunk:
+``server_args.py`` (the capture sizes, a batch's bucket), ``models/kimi_k25.py`` (the wrapper in the
+alias variants the PR chose between: the before/after switch, :func:`build_wrapper`),
+``model_runner.py`` (the gate), ``piecewise_cuda_graph_runner.py`` (one CUDA graph per piece
+between two attention calls, no torch.compile). The LLM is :mod:`sglab.core.toy_decoder`.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +34,11 @@ def bucket_for(num_tokens: int, capture_tokens: list[int]) -> Optional[int]:
 
 # -- 2. python/sglang/srt/models/kimi_k25.py · KimiK25ForConditionalGeneration.model, .__setattr__ -
 # no_alias        before the PR (0.5.11-0.5.12.post1): no .model; the gate: "not a language model"
-# plain_alias     self.model = self.language_model.model (0.5.10.x): the text model registered twice
-# property_only   @property model: the gate's write-back goes through nn.Module.__setattr__, which
-#                 stores a Module in _modules without consulting the class property
+# plain_alias     self.model = self.language_model.model in __init__ (0.5.10.x): the gate passes,
+#                 but nn.Module registers the text model a second time under model.*
+# property_only   @property model: nothing duplicated at construction, but the gate's write-back
+#                 wrapper.model = ... goes through nn.Module.__setattr__, which stores a Module
+#                 value in _modules without consulting the class property
 # property_guard  the PR: the property and a __setattr__ that drops writes to "model"
 # property_setter (extra) a @model.setter: never called for a Module value, so as property_only
 VARIANTS = ("no_alias", "plain_alias", "property_only", "property_guard")
@@ -92,10 +98,14 @@ class KimiPropertyGuard(_KimiK25Shape):
         super().__setattr__(name, value)
 
 
-class KimiPropertySetter(KimiPropertyOnly):
+class KimiPropertySetter(_KimiK25Shape):
     setter_calls = 0  # nn.Module.__setattr__ writes _modules first for a Module: never called
 
-    @KimiPropertyOnly.model.setter
+    @property
+    def model(self):
+        return self.language_model
+
+    @model.setter
     def model(self, value):
         type(self).setter_calls += 1
 
@@ -129,9 +139,11 @@ class LoadOutcome:
     def summary(self) -> str:
         if self.ok:
             return "clean"
-        found = (("missing", self.missing), ("unexpected", self.unexpected))
-        return "; ".join(
-            f"{len(keys)} {what} ({keys[0]}, ...)" for what, keys in found if keys) or self.error
+        parts = [
+            f"{len(keys)} {what} ({keys[0]}, ...)"
+            for what, keys in (("missing", self.missing), ("unexpected", self.unexpected)) if keys
+        ]
+        return "; ".join(parts) or self.error
 
 
 def strict_load(module: nn.Module, state_dict: dict) -> LoadOutcome:
@@ -255,18 +267,25 @@ def quiet_gate():
 
 
 # -- 4. python/sglang/srt/model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner -
-# How activations cross from one piece to the next (``handoff``): "copy" (the recorded runs) into
-# fixed buffers sized for the largest bucket, five extra tokens x hidden copies per layer; "direct"
-# the tensors each piece allocated inside its capture, kept alive with the graph (as SGLang's
-# torch.compile pieces do), only the attention output copied: for a few buckets only
+# How activations cross from one piece to the next (``handoff``):
+# "copy"    (the recorded runs) every piece copies what the next one reads (the residual, q, k, v,
+#           and the last piece's output) into fixed buffers sized for the largest bucket; with the
+#           attention output, five extra tokens x hidden copies per layer
+# "direct"  each piece hands over the tensors it allocated inside its capture, kept alive with the
+#           graph (what SGLang's torch.compile pieces do); only the attention output is copied (SDPA
+#           has no out=). Every bucket holds its own activations: for a few buckets only
 HANDOFFS = ("copy", "direct")
 
 
 class PiecewiseRunner:
-    """Piecewise prefill of one sequence: one CUDA graph per piece between two attention calls
-    (eager, on the real token count) and bucket. Piece ``i`` is ``post_attn`` of layer i-1 (or the
-    embedding), then ``pre_attn`` of layer i (or the final norm); ``use_graphs=False`` runs the
-    same pieces eagerly on the same padded buffers."""
+    """Piecewise prefill of one sequence over a :class:`~sglab.core.toy_decoder.DecoderStack`: one
+    CUDA graph per piece between two attention calls, attention eager on the real token count, one
+    set of graphs per bucket, the batch padded up to its bucket, every capture in one memory pool.
+
+    Piece ``i`` (0..L) is ``post_attn`` of layer i-1 (or the embedding), then ``pre_attn`` of layer
+    i (or the final norm). Padded rows never mix with real ones: every op but attention works row
+    by row. ``use_graphs=False`` runs the same pieces eagerly on the same padded buffers (the
+    same-shape reference; what the CPU tests run; copy hand-off only)."""
 
     def __init__(self, text_model, attention_layers: list, capture_tokens: list[int], *,
                  use_graphs: bool = True, handoff: str = "copy"):
@@ -349,36 +368,42 @@ class PiecewiseRunner:
         torch.cuda.synchronize()
         for N in sorted(self.sizes, reverse=True):
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm at this shape on the capture stream (cuBLAS)
-                if self.handoff == "copy":
-                    self._eager_pass(N, N)
-                else:
-                    prev = None
-                    for i in range(len(self.layers) + 1):
-                        prev = self._piece_direct(i, N, prev)
-                        if i < len(self.layers):
-                            self._attention(i, N, *prev[1:])
-            stream.synchronize()
-            graphs, handed, prev = [], [], None
             with torch.cuda.stream(stream):
-                for i in range(len(self.layers) + 1):
-                    g = torch.cuda.CUDAGraph()
-                    g.capture_begin(pool=pool)
-                    try:
-                        if self.handoff == "copy":
-                            self._piece(i, N)
-                        else:
-                            prev = self._piece_direct(i, N, prev)
-                            handed.append(prev)
-                    finally:
-                        g.capture_end()
-                    graphs.append(g)
-            self.graphs[N] = graphs
-            if self.handoff == "direct":
-                self.handed[N] = handed
+                self._warm(N)  # at this shape on the capture stream (cuBLAS workspaces)
+            stream.synchronize()
+            with torch.cuda.stream(stream):
+                self.graphs[N] = self._capture_bucket(N, pool)
             torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
+
+    def _warm(self, N: int) -> None:
+        if self.handoff == "copy":
+            self._eager_pass(N, N)
+            return
+        prev = None
+        for i in range(len(self.layers) + 1):
+            prev = self._piece_direct(i, N, prev)
+            if i < len(self.layers):
+                self._attention(i, N, *prev[1:])
+
+    def _capture_bucket(self, N: int, pool) -> list:
+        graphs, handed, prev = [], [], None
+        for i in range(len(self.layers) + 1):
+            g = torch.cuda.CUDAGraph()
+            g.capture_begin(pool=pool)
+            try:
+                if self.handoff == "copy":
+                    self._piece(i, N)
+                else:
+                    prev = self._piece_direct(i, N, prev)
+                    handed.append(prev)
+            finally:
+                g.capture_end()
+            graphs.append(g)
+        if self.handoff == "direct":
+            self.handed[N] = handed
+        return graphs
 
     def bucket(self, n: int) -> Optional[int]:
         return bucket_for(n, self.sizes)

@@ -1,6 +1,7 @@
 """The SWA location preset before decode-graph capture (SGLang #23552, follow-up #24743), rebuilt
-PR-era beside ``data/upstream/swa_loc/pr23552.diff`` and ``pr24743.diff``, a section per upstream
-file, then the toy hybrid model; the switch is :func:`runner_config`."""
+PR-era beside ``data/upstream/swa_loc/pr23552.diff`` and ``pr24743.diff``, each section headed by
+the upstream file and symbols it mirrors, then the toy hybrid model; the switch is
+:func:`runner_config`. Without CUDA a runner "replays" the captured step with its capture state."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ import torch
 
 
 # -- 1. mem_cache/memory_pool.py · MHATokenToKVPool, store_cache -----------------------------------
+def store_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                loc: torch.Tensor) -> None:
+    """Write one layer's K and V rows at ``loc``: SGLang's torch fallback ``k_cache[loc] = k`` (on
+    CUDA its ``store_cache`` kernel takes int32 or int64 as they are; ``index_put_`` would convert
+    int32 once per call, so one conversion here keeps it at one kernel per layer)."""
+    if loc.dtype != torch.int64:
+        loc = loc.to(torch.int64)
+    k_cache[loc] = k
+    v_cache[loc] = v
+
+
 class MHATokenToKVPool:
     """Per-layer K and V buffers of ``size + page_size`` rows (row 0: the padding slot)."""
 
@@ -24,23 +36,25 @@ class MHATokenToKVPool:
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor) -> None:
-        """store_cache's torch fallback ``k_cache[loc] = k``; SGLang's CUDA kernel takes an int32
-        ``loc`` as is, one conversion here keeps one index_put_ kernel per write."""
-        loc = loc if loc.dtype == torch.int64 else loc.to(torch.int64)
-        self.k_buffer[layer_id][loc] = cache_k
-        self.v_buffer[layer_id][loc] = cache_v
+        store_cache(cache_k, cache_v, self.k_buffer[layer_id], self.v_buffer[layer_id], loc)
 
 
 # -- 2. mem_cache/swa_memory_pool.py · SWAKVPool, SWATokenToKVPoolAllocator ------------------------
 class SWAKVPool:
-    """KV cache with separate pools for full and SWA layers; ``set_kv_buffer``'s Python branch
-    writes an SWA layer at ``swa_loc`` when set, else translates ``loc`` there (#23552's whole)."""
+    """KV cache with separate pools for full and SWA attention layers (PR-era ``SWAKVPool``).
+
+    ``layers_mapping``: {layer_id: (index in its sub-pool, is_swa)}. ``set_kv_buffer``'s branch is
+    Python: an SWA layer writes at ``self.swa_loc`` when set, else translates ``loc`` right there,
+    in every SWA layer; a CUDA graph records whichever side was live at capture — the whole of
+    #23552. It takes a layer id (upstream: the layer); ``translate_calls`` counts translations.
+    """
 
     def __init__(self, size: int, size_swa: int, head_num: int, head_dim: int, dtype: torch.dtype,
                  swa_attention_layer_ids: List[int], full_attention_layer_ids: List[int], device,
                  page_size: int = 1):
         self.size, self.size_swa, self.dtype = size, size_swa, dtype
-        self.device, self.page_size = torch.device(device), page_size
+        self.device = torch.device(device)
+        self.page_size = page_size
         self.swa_layer_nums = len(swa_attention_layer_ids)
         self.full_layer_nums = len(full_attention_layer_ids)
         self.layer_num = self.swa_layer_nums + self.full_layer_nums
@@ -50,10 +64,15 @@ class SWAKVPool:
         self.full_kv_pool = MHATokenToKVPool(size, head_num, head_dim, self.full_layer_nums, dtype,
                                              device, page_size)
         self.layers_mapping: Dict[int, Tuple[int, bool]] = {}
-        for is_swa, ids in ((False, full_attention_layer_ids), (True, swa_attention_layer_ids)):
-            self.layers_mapping.update({layer: (i, is_swa) for i, layer in enumerate(ids)})
+        for full_attn_layer_id, global_layer_id in enumerate(full_attention_layer_ids):
+            self.layers_mapping[global_layer_id] = (full_attn_layer_id, False)
+        for swa_layer_id, global_layer_id in enumerate(swa_attention_layer_ids):
+            self.layers_mapping[global_layer_id] = (swa_layer_id, True)
         self.full_to_swa_index_mapping: Optional[torch.Tensor] = None
         self.translate_calls = 0
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        self.full_to_swa_index_mapping = full_to_swa_index_mapping
 
     def is_swa_layer(self, layer_id: int) -> bool:
         return self.layers_mapping[layer_id][1]
@@ -88,24 +107,32 @@ class SWAKVPool:
 
 
 class SWATokenToKVPoolAllocator:
-    """Full-pool slots, each paired with an SWA-pool slot; seeded free lists, so that the two differ
-    (as once a server has run for a while)."""
+    """Hands out full-pool slots, each paired with an SWA-pool slot through
+    ``full_to_swa_index_mapping`` (int64, ``size + 1`` zeros and a trailing ``-1``). Page size 1;
+    the free lists are seeded permutations of ``1..size`` (0: the padding slot), so a token's full
+    and SWA slots differ, as once a server has run for a while."""
 
     def __init__(self, size: int, size_swa: int, kvcache: SWAKVPool, *, seed: int = 0):
-        self.page_size, self.device = 1, kvcache.device
-        self.full_to_swa_index_mapping = torch.zeros(size + 2, dtype=torch.int64,
-                                                     device=self.device)
-        self.full_to_swa_index_mapping[-1] = -1  # size + 1 zeros (0: the padding slot), then -1
+        self._size_full, self._size_swa = size, size_swa
+        self.page_size = 1
+        self.device = kvcache.device
+        self.full_to_swa_index_mapping = torch.cat([
+            torch.zeros(size + self.page_size, dtype=torch.int64, device=self.device),
+            torch.tensor([-1], dtype=torch.int64, device=self.device)
+        ])
         g = torch.Generator().manual_seed(seed)
         self._free_full = (torch.randperm(size, generator=g) + 1).tolist()
         self._free_swa = (torch.randperm(size_swa, generator=g) + 1).tolist()
         self._kvcache = kvcache
-        kvcache.full_to_swa_index_mapping = self.full_to_swa_index_mapping  # register_mapping
+        self._kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    def available_size(self) -> int:
+        return min(len(self._free_full), len(self._free_swa))
 
     def alloc(self, need_size: int) -> torch.Tensor:
-        """``need_size`` full slots, each mapped to a fresh SWA slot."""
-        if need_size > (have := min(len(self._free_full), len(self._free_swa))):
-            raise RuntimeError(f"out of KV slots: need {need_size}, have {have}")
+        """``need_size`` full slots (int64, on the pool's device); maps each to a fresh SWA slot."""
+        if need_size > self.available_size():
+            raise RuntimeError(f"out of KV slots: need {need_size}, have {self.available_size()}")
         full, swa = self._free_full[:need_size], self._free_swa[:need_size]
         del self._free_full[:need_size], self._free_swa[:need_size]
         full_t = torch.tensor(full, dtype=torch.int64, device=self.device)
@@ -134,7 +161,8 @@ class ForwardBatch:
     @classmethod
     def init_new(cls, input_ids: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
                  allocator: Optional[SWATokenToKVPoolAllocator]) -> "ForwardBatch":
-        """As upstream: a hybrid-SWA batch translates ``out_cache_loc`` once, outside any graph."""
+        """As upstream: a hybrid-SWA batch translates ``out_cache_loc`` once, here, outside any
+        graph (a graph captured without the preset repeats it in every SWA layer)."""
         out_cache_loc_swa = (allocator.translate_loc_from_full_to_swa(out_cache_loc)
                              if allocator is not None else None)
         return cls(input_ids, seq_lens.to(torch.int32), out_cache_loc, out_cache_loc_swa)
@@ -143,7 +171,8 @@ class ForwardBatch:
 # -- 4. model_executor/model_runner.py · ModelRunner._forward_raw (the path without a CUDA graph)
 def forward_eager(model: "ToyHybridModel", batch: ForwardBatch, *,
                   use_precomputed_swa_loc: bool = True) -> torch.Tensor:
-    """``use_precomputed_swa_loc``: set (and leave) the pool's ``swa_loc``: no layer translates."""
+    """With ``use_precomputed_swa_loc`` (upstream, when ``out_cache_loc_swa`` is set) the pool's
+    ``swa_loc`` is set first (and left set) and no SWA layer translates; without, every one does."""
     if use_precomputed_swa_loc and batch.out_cache_loc_swa is not None:
         model.pool.set_swa_loc(batch.out_cache_loc_swa)
     return model.forward(batch.input_ids, batch.seq_lens, batch.out_cache_loc)
@@ -161,6 +190,8 @@ SWA_LOC_BUFFER_DTYPE = {"before": None, "pr23552": torch.int64, "pr24743": torch
 
 @dataclass(frozen=True)
 class RunnerConfig:
+    """The switches a variant sets on :class:`DecodeGraphRunner`."""
+
     preset_swa_loc: bool
     swa_loc_dtype: Optional[torch.dtype]
     zero_swa_on_pad: bool
@@ -215,7 +246,9 @@ class DecodeInputBuffers:
 
 
 class DecodeGraphRunner:
-    """``CudaGraphRunner``, decode only: captures one decode step per batch size and replays it."""
+    """Captures one decode step per batch size and replays it (``CudaGraphRunner``, decode only):
+    ``preset_swa_loc`` is #23552's ``set_swa_loc`` before capture, ``swa_loc_dtype`` its buffer's
+    dtype, ``zero_swa_on_pad`` #24743's zeroing; ``use_cuda_graph`` defaults to a CUDA pool."""
 
     seq_len_fill_value = 1
 
@@ -243,9 +276,13 @@ class DecodeGraphRunner:
     @classmethod
     def for_variant(cls, model: "ToyHybridModel", capture_bs: List[int], variant: str,
                     use_cuda_graph: Optional[bool] = None) -> "DecodeGraphRunner":
-        return cls(model, capture_bs, **vars(runner_config(variant)), use_cuda_graph=use_cuda_graph)
+        cfg = runner_config(variant)
+        return cls(model, capture_bs, preset_swa_loc=cfg.preset_swa_loc,
+                   swa_loc_dtype=cfg.swa_loc_dtype, zero_swa_on_pad=cfg.zero_swa_on_pad,
+                   use_cuda_graph=use_cuda_graph)
 
     def capture(self) -> None:
+        """Capture every batch size, largest first (as upstream)."""
         if not self.preset_swa_loc and self.pool.swa_loc is not None:
             raise ValueError("pool.swa_loc is already set: a graph captured now would read that "
                              "tensor. Build a fresh pool for the runner without the preset.")
@@ -296,13 +333,22 @@ class DecodeGraphRunner:
         self.graphs[bs] = graph
 
     def padded_bs(self, raw_bs: int) -> int:
+        """The smallest captured batch size >= raw_bs."""
         i = bisect.bisect_left(self.capture_bs, raw_bs)
         if i == len(self.capture_bs):
             raise ValueError(f"batch of {raw_bs} exceeds the largest captured size {self.max_bs}")
         return self.capture_bs[i]
 
+    def replay_prepare(self, forward_batch: ForwardBatch) -> int:
+        raw_bs = forward_batch.batch_size
+        bs = self.padded_bs(raw_bs)
+        self.buffers.populate_from_forward_batch(forward_batch=forward_batch, raw_bs=raw_bs, bs=bs,
+                                                 seq_len_fill_value=self.seq_len_fill_value,
+                                                 zero_swa_on_pad=self.zero_swa_on_pad)
+        return bs
+
     def replay_graph(self, bs: int) -> None:
-        """Replay the step captured for ``bs`` on the buffers as they are."""
+        """Replay the step captured for ``bs`` on the buffers as they are (no populate)."""
         if self.use_cuda_graph:
             self.graphs[bs].replay()
             return
@@ -315,29 +361,29 @@ class DecodeGraphRunner:
 
     def replay(self, forward_batch: ForwardBatch) -> int:
         """Populate the buffers from ``forward_batch`` and replay: the padded batch size used."""
-        raw_bs = forward_batch.batch_size
-        bs = self.padded_bs(raw_bs)
-        self.buffers.populate_from_forward_batch(forward_batch=forward_batch, raw_bs=raw_bs, bs=bs,
-                                                 seq_len_fill_value=self.seq_len_fill_value,
-                                                 zero_swa_on_pad=self.zero_swa_on_pad)
+        bs = self.replay_prepare(forward_batch)
         self.replay_graph(bs)
         return bs
 
 
 # -- 6. no upstream file: a toy hybrid model, its setup, a pool comparison -------------------------
 def hybrid_layer_ids(num_layers: int, swa_per_full: int) -> Tuple[List[int], List[int]]:
-    """(swa ids, full ids), the full layer last in each group (Gemma 3: 5 then 1; gpt-oss: 1, 1)."""
+    """(swa ids, full ids) for ``swa_per_full`` sliding-window layers per full layer, the full layer
+    last in each group (Gemma 3: 5 local then 1 global; gpt-oss: 1 and 1)."""
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")
     if swa_per_full < 0:
         raise ValueError("swa_per_full must be >= 0")
     period = swa_per_full + 1
-    return ([i for i in range(num_layers) if (i + 1) % period != 0],
-            [i for i in range(num_layers) if (i + 1) % period == 0])
+    full = [i for i in range(num_layers) if (i + 1) % period == 0]
+    swa = [i for i in range(num_layers) if (i + 1) % period != 0]
+    return swa, full
 
 
 class ToyHybridModel:
-    """Layers that only write ``K = h * a_l``, ``V = h * b_l`` into an :class:`SWAKVPool`."""
+    """``num_layers`` attention layers that only write their KV into an :class:`SWAKVPool` (a
+    Gemma-3 / gpt-oss stand-in): hidden ``h = embed[input_id] + seq_len``, layer ``l`` writes ``K =
+    h * a_l`` and ``V = h * b_l`` (2 elementwise kernels and the KV write)."""
 
     def __init__(self, pool: SWAKVPool, *, vocab_size: int = 1024, head_num: int, head_dim: int,
                  seed: int = 0):
@@ -388,12 +434,14 @@ def decode_batch(setup: Setup, input_ids: List[int], seq_lens: List[int]) -> For
 
 def pool_diff(a: SWAKVPool, b: SWAKVPool, *,
               skip_padding_slot: bool = True) -> Dict[int, List[int]]:
-    """{layer id: sorted slots of its sub-pool where K or V differ}, slot 0 skipped by default."""
+    """{global layer id: sorted slots of its sub-pool where K or V differ}, layers with a difference
+    only; slot 0 (the padding slot) skipped by default."""
     out: Dict[int, List[int]] = {}
     for layer_id in sorted(a.layers_mapping):
         (ka, va), (kb, vb) = a.buffers(layer_id), b.buffers(layer_id)
         differs = (ka != kb).flatten(1).any(1) | (va != vb).flatten(1).any(1)
-        rows = [r for r in differs.nonzero().flatten().tolist() if r or not skip_padding_slot]
+        rows = differs.nonzero().flatten().tolist()
+        rows = [r for r in rows if r != 0] if skip_padding_slot else rows
         if rows:
             out[layer_id] = rows
     return out

@@ -1,15 +1,17 @@
 """The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
-PR-era, a section per upstream file; a creator fake on the CPU (exact counts) or FlashInfer's IPC
-creation on the GPUs. The before/after switch is the call site's :class:`Policy`."""
+PR-era, one section per upstream file and symbol. The manager calls a creator: a fake one on the CPU
+(exact counts), FlashInfer's IPC creation over ``cuda.bindings`` on the GPUs. The before/after
+switch is the call site's :class:`Policy` (:data:`POLICIES`).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 import torch.distributed as tdist
@@ -27,15 +29,19 @@ BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of 
 
 
 def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
-    """The three per-rank bf16 buffers (data, flags, Lamport), each rounded up to 2 MiB."""
+    """The three per-rank bf16 buffers, each rounded up to 2 MiB: data ``W*T*H*2`` bytes, flags
+    ``W*256*4``, Lamport ``3*W*T*H*2`` (comm size capped at :data:`MAX_COMM_SIZE`)."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
-    sizes = (buffer_size, flag_size, lamport_comm_size * 3)
-    aligned = [(s + ALIGN - 1) // ALIGN * ALIGN for s in sizes]
-    return dict(buffer_size=buffer_size, flag_size=flag_size, lamport_comm_size=lamport_comm_size,
-                lamport_buffer_size=lamport_comm_size * 3, aligned=aligned,
-                bytes_per_rank=sum(aligned))
+    aligned = [
+        (s + ALIGN - 1) // ALIGN * ALIGN for s in (buffer_size, flag_size, lamport_comm_size * 3)
+    ]
+    return {
+        "buffer_size": buffer_size, "flag_size": flag_size, "lamport_comm_size": lamport_comm_size,
+        "lamport_buffer_size": lamport_comm_size * 3, "aligned": aligned,
+        "bytes_per_rank": sum(aligned)
+    }
 
 
 def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: int) -> int:
@@ -52,12 +58,17 @@ def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size:
 #    ensure_workspace_initialized, flashinfer_allreduce_residual_rmsnorm
 CALLEE_DEFAULT_MAX_TOKEN_NUM = 2048  # flashinfer_allreduce_residual_rmsnorm(max_token_num=2048)
 RECREATE_RANGE = "recreate workspace"  # the profiler range around each creation
-Mark = Callable[[str], AbstractContextManager]  # nullcontext: no mark
+DESTROY_RANGE = "destroy old workspace"
+Mark = Callable[[str], ContextManager]
+
+
+def no_mark(name: str) -> ContextManager:
+    return nullcontext()
 
 
 @dataclasses.dataclass
 class CreationEvent:
-    """One creation (bookkeeping, not upstream)."""
+    """One creation (bookkeeping for the experiment, not upstream)."""
 
     step: int
     max_token_num: int
@@ -68,11 +79,12 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager`` (``high_water=False``: 0.5.12.post1, 0.5.13's), plus a
-    ``before_create()`` barrier, a :data:`RECREATE_RANGE` mark and a CreationEvent per creation."""
+    """``FlashInferWorkspaceManager``: reuse a workspace that covers the request, else create at
+    ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1, 0.5.13); added per
+    creation: ``before_create()`` (a barrier), a :data:`RECREATE_RANGE` mark, a CreationEvent."""
 
     def __init__(self, creator, *, high_water: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, mark: Mark = nullcontext,
+                 clock: Callable[[], float] = time.perf_counter, mark: Mark = no_mark,
                  before_create: Callable[[], None] = lambda: None):
         self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
         self.before_create = before_create
@@ -97,7 +109,7 @@ class WorkspaceManager:
         with self.mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
             if self.initialized and self.world_size == world_size:  # too small: free it first
-                with self.mark("destroy old workspace"):
+                with self.mark(DESTROY_RANGE):
                     self.cleanup()
             if self.high_water:
                 max_token_num = max(max_token_num, self._max_token_num_seen)
@@ -139,7 +151,8 @@ class WorkspaceManager:
 def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
                                  max_token_num: int, hidden_dim: int,
                                  token_num: Optional[int] = None, group=None) -> bool:
-    """PR-era: re-create when uninitialised, world, rank or group changed, or too small."""
+    """PR-era: re-create when uninitialised, when world size, rank or group change, or when the
+    buffer is too small for ``token_num`` (``x.shape[0]``); the reason goes to the event."""
     if world_size <= 1:
         return False
     if not manager.initialized:
@@ -162,7 +175,8 @@ PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What the call site passes as ``max_token_num`` (``floor=None``: the callee's default)."""
+    """What the call site passes as ``max_token_num`` (``floor=None``: nothing, the callee's default
+    2048), the manager's high-water mark, its short name (``label``) and code (``call``)."""
 
     name: str
     floor: Optional[int]
@@ -198,7 +212,8 @@ def label(name: str) -> str:
 
 def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *, world_size: int,
                     rank: int, hidden_dim: int, group=None) -> bool:
-    """One fused call's workspace part: False where the callee's assert refuses the call."""
+    """One call site -> ``flashinfer_allreduce_residual_rmsnorm`` call, workspace part: False where
+    the callee asserts ``x.shape[0] <= max_token_num``, else ``ensure_workspace_initialized``."""
     max_token_num = policy.max_token_num(token_num)
     return token_num <= max_token_num and ensure_workspace_initialized(
         manager, world_size=world_size, rank=rank, max_token_num=max_token_num,
@@ -222,7 +237,7 @@ def fusion_applies(token_num: int) -> bool:
 class PhaseClock:
     """Ms per phase of one creation (``ms``, summed over a ``key``'s repeats), each in a mark."""
 
-    def __init__(self, mark: Mark = nullcontext):
+    def __init__(self, mark: Mark = no_mark):
         self.mark, self.ms = mark, {}
 
     @contextmanager
@@ -236,8 +251,10 @@ class PhaseClock:
 
 
 def _metadata(world_size, rank, max_token_num, hidden_dim, **sizes) -> dict:
-    return dict(tp_rank=rank, tp_size=world_size, max_token_num=max_token_num,
-                hidden_dim=hidden_dim, use_fp32_lamport=False, **sizes)
+    return {
+        "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+        "hidden_dim": hidden_dim, "use_fp32_lamport": False, **sizes
+    }
 
 
 class FakeCreator:
@@ -250,7 +267,8 @@ class FakeCreator:
 
 # -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
 class CudartOps:
-    """The CUDA calls of a creation through ``cuda.bindings`` (so the profiler sees them)."""
+    """The CUDA calls of a creation through ``cuda.bindings`` (so the profiler sees them): malloc,
+    IPC export / open / close, free, the Lamport fill, flag word and pointer table."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
@@ -318,7 +336,8 @@ class IpcWorkspace:
         self._destroyed = False
 
     def destroy(self) -> None:
-        """Close the peers' mappings (not FlashInfer's: for an exact leak check), free, barriers."""
+        """Close the peers' mappings, barrier, free our own buffers, barrier (FlashInfer only frees
+        and barriers; closing first makes the leak check exact)."""
         if self._destroyed:
             return
         self._destroyed = True
@@ -341,9 +360,10 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """FlashInfer's IPC creation (and SGLang's free-memory vote), each phase timed and named."""
+    """Per rank, each phase timed and named: SGLang's free-memory vote; per buffer, allocate,
+    export, exchange, open; fill, flag word, pointer table; a barrier and SGLang's all-reduce."""
 
-    def __init__(self, ops, *, mark: Mark = nullcontext):
+    def __init__(self, ops, *, mark: Mark = no_mark):
         self.ops, self.mark = ops, mark
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
