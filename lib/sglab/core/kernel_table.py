@@ -18,10 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from sglab.core import kernels, trace
 
 
-COLUMNS = [
-    "label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us", "share",
-    "backend"
-]
+COLUMNS = "label kernel short calls median_us p10_us p90_us total_us share backend".split()
 # words that say what an (otherwise templated, unreadable) kernel name does, first match wins
 _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "embedding",
           "rms_norm", "RowwiseMoments", "silu", "MulFunctor", "AddFunctor", "cos_kernel",
@@ -29,23 +26,16 @@ _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "
           "cutlass", "sm90", "reduce", "fill", "copy")
 
 
-def _mangled_head(kernel: str) -> str:
-    """The innermost name of a mangled nested name (``_ZN2at6native18elementwise_kernelIL...``)."""
-    m = re.match(r"_ZN?(.*)", kernel)
-    if not m:
-        return ""
-    rest, head = m.group(1), ""
+def short_name(kernel: str, width: int = 48) -> str:
+    """A templated kernel's (demangled or mangled) function name plus a hint of what it does."""
+    # a mangled nested name (``_ZN2at6native18elementwise_kernelIL...``): its innermost name
+    mangled = re.match(r"_ZN?(.*)", kernel)
+    rest, head = mangled.group(1) if mangled else "", ""
     while n := re.match(r"\d+", rest):
         size, rest = int(n.group()), rest[n.end():]
         head, rest = rest[:size], rest[size:]
-    return head
-
-
-def short_name(kernel: str, width: int = 48) -> str:
-    """A templated kernel's (demangled or mangled) function name plus a hint of what it does."""
     base = re.sub(r"^void\s+", "", kernel)
-    head = _mangled_head(kernel) or re.split(r"[<(]", base,
-                                             maxsplit=1)[0].split("::")[-1] or base[:width]
+    head = head or re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1] or base[:width]
     hint = next(
         (h for h in _HINTS if h.lower() in kernel.lower() and h.lower() not in head.lower()), "")
     text = f"{head} [{hint}]" if hint else head

@@ -130,22 +130,14 @@ def _stop(again, pgid: Optional[int], grace: float) -> Stopped:
         for p in live:
             with suppress(psutil.Error):
                 p.send_signal(sig)
-        live = _wait_gone(live, wait)
+        deadline = time.monotonic() + wait  # until all are gone (a zombie counts) or time is up
+        while (live := [p for p in live if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
         live += [p for p in again() if p not in live]  # forked meanwhile
         if not live:
             return done
     done.survivors = [_describe(p) for p in live]
     return done
-
-
-def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``live`` still running after up to ``timeout`` seconds (a zombie: gone)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        live = [p for p in live if _alive(p)]
-        if not live or time.monotonic() >= deadline:
-            return live
-        time.sleep(0.05)
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -50,15 +50,6 @@ def _deps_spec(name: str) -> dict:
     return {"requirements": list(reqs), "no_deps": list(nodeps)}
 
 
-def deps_current(name: str) -> bool:
-    """Is dependency set ``name`` installed as required, the interpreter's part still there?"""
-    stamp = read_stamp(deps_dir(name))
-    if stamp is None or {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
-        return False
-    have, pins = interpreter_dists(), stamp.get("provided_by_interpreter", [])
-    return all(have.get(n) == v for n, _, v in (pin.partition("==") for pin in pins))
-
-
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
     """``fill(tmp)`` (pip; the stamp's fields), then the stamped folder replaces ``dest``."""
     t0 = time.perf_counter()
@@ -81,8 +72,12 @@ def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]
 
 
 def install_deps(name: str) -> Outcome:
-    if deps_current(name):
-        return Outcome("deps", name, "present")
+    stamp = read_stamp(deps_dir(name)) or {}
+    if {k: stamp.get(k) for k in ("requirements", "no_deps")} == _deps_spec(name):
+        have, pins = interpreter_dists(), stamp.get("provided_by_interpreter", [])
+        # installed as required, the interpreter's part still there
+        if all(have.get(n) == v for n, _, v in (pin.partition("==") for pin in pins)):
+            return Outcome("deps", name, "present")
 
     def fill(tmp: Path) -> dict:
         _, reqs, nodeps = DEP_SETS[name]

@@ -185,21 +185,6 @@ class Timeline:
     unknown: list  # asked for, but the package index has no such release
 
 
-def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
-    """(versions, whether the package index listed them, whether the network may be tried)."""
-    if offline:
-        notes.append("offline: nothing downloaded")
-    if versions or offline:
-        return sorted(set(versions or ()), key=parse_version), False, not offline
-    try:
-        found = lister()
-    except NoNetwork as e:
-        notes.append(f"no network ({e})")
-        return [], False, False
-    notes.append(f"release list: the package index ({len(found)} releases from {FIRST})")
-    return found, True, True
-
-
 def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None,
              table: Path | None = None, lister=list_versions, fetch=download,
              progress: bool = True) -> Timeline:
@@ -214,7 +199,17 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
     except (FileNotFoundError, ValueError) as e:
         notes.append(f"committed table not usable: {e}")
         committed = {}
-    wanted, from_index, network = _release_list(versions, offline, lister, notes)
+    # the releases, whether the package index listed them, whether the network may be tried
+    wanted, from_index, network = sorted(set(versions or ()), key=parse_version), False, not offline
+    if offline:
+        notes.append("offline: nothing downloaded")
+    elif not versions:
+        try:
+            wanted, from_index = lister(), True
+            notes.append(f"release list: the package index ({len(wanted)} releases from {FIRST})")
+        except NoNetwork as e:
+            network = False
+            notes.append(f"no network ({e})")
     if not wanted:
         have = {p.name.split("-")[1] for p in cache.glob(f"{PACKAGE}-*.whl")}
         wanted = select(set(committed) | have)

@@ -76,7 +76,16 @@ def _groups(args):
     from sglab.sglang import engine as eng
     from sglab.tools import fixes
 
-    cpus = _cpus(args.cpus)
+    cpus, text = (), args.cpus  # --cpus: 'auto' (the CPUs local to GPU 0), or the list given
+    if text:
+        try:
+            cpus = hardware.gpu_local_cpus(0) if text == "auto" else hardware.parse_cpus(text)
+        except ValueError as e:
+            raise eng.EngineError(f"--cpus: {e}") from None
+        barred = sorted(set(cpus) - os.sched_getaffinity(0))
+        if barred:
+            raise eng.EngineError(f"--cpus: CPU {barred[0]} is not allowed to this process "
+                                  f"(allowed: {len(os.sched_getaffinity(0))} CPUs)")
     picked = [fixes.scenario(n) for n in args.scenario]
     if args.plan:
         found = fixes.plan(args.plan)
@@ -110,23 +119,6 @@ def _groups(args):
                  profile=args.profile, prompts=args.prompts, timeout=timeout, cpus=cpus,
                  adjustments=adjust)
     return [(args.fix, "", [eng.EngineSpec(release=v, **shape) for v in args.release])]
-
-
-def _cpus(text: str) -> tuple[int, ...]:
-    """``--cpus``: (), 'auto' (the CPUs local to GPU 0), or the list given."""
-    from sglab.sglang import engine as eng
-
-    if not text:
-        return ()
-    try:
-        cpus = hardware.gpu_local_cpus(0) if text == "auto" else hardware.parse_cpus(text)
-    except ValueError as e:
-        raise eng.EngineError(f"--cpus: {e}") from None
-    barred = sorted(set(cpus) - os.sched_getaffinity(0))
-    if barred:
-        raise eng.EngineError(f"--cpus: CPU {barred[0]} is not allowed to this process "
-                              f"(allowed: {len(os.sched_getaffinity(0))} CPUs)")
-    return cpus
 
 
 def _dry_run(spec, work, said: set) -> None:
@@ -207,25 +199,21 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
         print("\n".join(eng.summary(res)))
         if not res.ok:
             status = max(status, 1)
-            why = _same_failure(specs, results, spec.release)
-            if why:
-                refused[spec.release] = why
+            # every variant of the release failed its first start with one error: the rest won't
+            release = spec.release
+            variants = {sp.variant for sp in specs if sp.release == release}
+            mine = [r for r in results if r.spec.release == release]
+            firsts = [(r.error or "\n").splitlines()[0] for r in mine]
+            errors = {re.sub(r" \(log: [^)]*\)$", "", line) for line in firsts}
+            seen = {r.spec.variant for r in mine}
+            if len(variants) > 1 and seen == variants and not any(r.ok for r in mine) \
+                    and len(errors) == 1 and errors != {""}:
+                refused[release] = (f"every variant of sglang {release} failed its first start "
+                                    f"with {errors.pop()}")
     for release, n in skipped.items():
         print(f"sglab engine: {n} more engine(s) of sglang {release} not started (the same reason)",
               file=sys.stderr)
     return status
-
-
-def _same_failure(specs: list, results: list, release: str) -> str:
-    """The error every variant of ``release`` failed its first start with, else ``""``."""
-    variants = {sp.variant for sp in specs if sp.release == release}
-    mine = [r for r in results if r.spec.release == release]
-    errors = {re.sub(r" \(log: [^)]*\)$", "", (r.error or "\n").splitlines()[0]) for r in mine}
-    seen = {r.spec.variant for r in mine}
-    if len(variants) < 2 or seen != variants or any(r.ok for r in mine) or errors == {""}:
-        return ""
-    return (f"every variant of sglang {release} failed its first start with {errors.pop()}"
-            if len(errors) == 1 else "")
 
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:

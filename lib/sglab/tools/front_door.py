@@ -34,12 +34,13 @@ READING_ORDER = (  # (notebook, what it teaches, what it builds on)
      "numbers.", "any fix notebook"))
 
 
-def _symptoms() -> dict[str, tuple[str, str]]:
-    """Per fix: what a reader of an affected release sees, and what that line is derived from."""
+def affects_rows() -> list[dict]:
+    """One row per fix: its notebook, bug, who it affects, releases and what a reader sees."""
     from sglab.swa_loc.claims import EXTRA_PER_SWA_LAYER
     from sglab.workspace_floor.rebuild import CALLEE_DEFAULT_MAX_TOKEN_NUM
 
-    return {
+    # per fix: what a reader of an affected release sees, and what that line is derived from
+    symptoms = {
         "pcg_gate": (
             "Prefill runs eagerly where piecewise graphs were asked for; whether the first token "
             "comes later for it depends on the prompt length (01 measures both ways). Where a "
@@ -64,6 +65,16 @@ def _symptoms() -> dict[str, tuple[str, str]]:
         "capture_sizes": ("The server fails at start-up, capturing its piecewise graphs.",
                           "the card's bug")
     }
+    rows = []
+    for fix in fixes.FIXES:
+        card = fixes.claims(fix.name).CARD
+        (seen, source), line = symptoms[fix.name], log_line(fix)
+        own = " · SGLang's own line" if line else ""
+        rows.append(
+            dict(notebook=fix.stem, bug=lead(card.bug, 220), who=lead(card.affects, 200),
+                 releases=releases_line(fix.releases(told=True)), symptom=f"{seen} {line}".strip(),
+                 source=source + own))
+    return rows
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"“(#*])")
@@ -143,20 +154,6 @@ def log_line(fix) -> str:
     line = found[0][1]
     releases = ", ".join(sorted({r for r, m in found if m == line}))
     return f"{releases} {said} “{line}” ({where})."
-
-
-def affects_rows() -> list[dict]:
-    """One row per fix: its notebook, bug, who it affects, releases and what a reader sees."""
-    symptoms, rows = _symptoms(), []
-    for fix in fixes.FIXES:
-        card = fixes.claims(fix.name).CARD
-        (seen, source), line = symptoms[fix.name], log_line(fix)
-        own = " · SGLang's own line" if line else ""
-        rows.append(
-            dict(notebook=fix.stem, bug=lead(card.bug, 220), who=lead(card.affects, 200),
-                 releases=releases_line(fix.releases(told=True)), symptom=f"{seen} {line}".strip(),
-                 source=source + own))
-    return rows
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -31,37 +31,6 @@ def scenario_of(run) -> str:
     return f"{', '.join(sorted(map(str, models)))} at TP {', '.join(map(str, sorted(tps)))}"
 
 
-def _cases(specs: list[dict]) -> str:
-    per: dict = {}
-    for s in specs:
-        per.setdefault(s.get("release"), dict())[s.get("case")] = None
-    return "; ".join(
-        f"{v}: {', '.join(c) if len(c) <= 4 else f'{len(c)} cases'}" for v, c in per.items())
-
-
-def _starts(specs: list[dict]) -> str:
-    """The interleaved starts of each variant, and whether a launch-counting pass followed."""
-    counted = [s.get("profile") and s.get("profile_stage") == "prefill" for s in specs]
-    n = 1 + max((s.get("start") or 0 for s, c in zip(specs, counted) if not c), default=0)
-    return f"{n}{' + launch pass' if any(counted) else ''}"
-
-
-def _verdict(run) -> str:
-    """The verdict of the run's claims (:func:`sglab.core.claims.verdict`), as 07 shows it."""
-    exp = run.manifest.experiment
-    if exp not in fixes.experiments():
-        return "no claims"
-    return claims.verdict(claims.evaluate(fixes.claims(exp), run))
-
-
-def _ended(done: list[dict]) -> str:
-    """How the engines ended: their number where all answered, else each status counted."""
-    by = Counter(e.get("status", "?") for e in done)
-    if set(by) <= {"ok"}:
-        return f"{len(done)} ok"
-    return ", ".join(f"{n} {s}" for s, n in sorted(by.items(), key=lambda x: x[0] != "ok"))
-
-
 def row(run) -> str:
     m = run.manifest
     specs = m.params.get("specs", [])
@@ -71,8 +40,22 @@ def row(run) -> str:
     part = f" of {of}" if of and of != m.gpu_count else ""  # a TP-2 run on a 4-GPU machine
     where = f"{m.gpu} ×{m.gpu_count}{part}{engine_records.pinned(run)}"
     host = "" if host is None else f"{host:.1f}"
-    cells = (f"{when} {where}", f"`{scenario_of(run)}`", _cases(specs), _starts(specs),
-             _ended(m.engine_runs), host, _verdict(run))
+    per: dict = {}
+    for s in specs:
+        per.setdefault(s.get("release"), dict())[s.get("case")] = None
+    cases = "; ".join(
+        f"{v}: {', '.join(c) if len(c) <= 4 else f'{len(c)} cases'}" for v, c in per.items())
+    # the interleaved starts of each variant, and whether a launch-counting pass followed
+    counted = [s.get("profile") and s.get("profile_stage") == "prefill" for s in specs]
+    n = 1 + max((s.get("start") or 0 for s, c in zip(specs, counted) if not c), default=0)
+    # how the engines ended: their number where all answered, else each status counted
+    by = Counter(e.get("status", "?") for e in m.engine_runs)
+    ended = (f"{len(m.engine_runs)} ok" if set(by) <= {"ok"} else ", ".join(
+        f"{count} {status}" for status, count in sorted(by.items(), key=lambda x: x[0] != "ok")))
+    verdict = (claims.verdict(claims.evaluate(fixes.claims(m.experiment), run))
+               if m.experiment in fixes.experiments() else "no claims")  # as 07 shows it
+    cells = (f"{when} {where}", f"`{scenario_of(run)}`", cases,
+             f"{n}{' + launch pass' if any(counted) else ''}", ended, host, verdict)
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 

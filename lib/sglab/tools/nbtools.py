@@ -259,31 +259,6 @@ def readable(path: Path) -> None:
         raise ValueError(f"{path}: not a notebook that reads ({why})") from None
 
 
-def unknown_parameters(paths: list[Path], params: dict) -> str:
-    """Why ``params`` cannot go into these notebooks ('' where they can)."""
-    for path in paths if params else ():
-        names = parameter_names(path)
-        bad = [k for k in params if k not in names]
-        if bad:
-            return (f"--param {', '.join(bad)}: not a parameter of {path.stem} (its parameters: "
-                    f"{', '.join(names) or 'none'})")
-    return ""
-
-
-def inject_parameters(nb, params: dict) -> None:
-    """Insert a cell assigning ``params`` after the ``parameters`` cell (papermill's convention)."""
-    import nbformat
-
-    if not params:
-        return
-    src = "# injected parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
-    cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
-    idx = next(
-        (i for i, c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])),
-        -1)
-    nb.cells.insert(idx + 1, cell)
-
-
 @dataclass
 class Result:
     path: Path
@@ -427,8 +402,12 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     if skip_gpu is None:
         skip_gpu = not hardware.has_cuda()
     nb = nbformat.read(ipynb, as_version=4)
-    inject_parameters(nb, params or {})
-    n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
+    tags = [c.get("metadata", {}).get("tags", []) for c in nb.cells]
+    n_gpu = sum(GPU_TAG in t for t in tags)
+    if params:  # a cell assigning them after the ``parameters`` cell (papermill's convention)
+        src = "# injected parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+        cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
+        nb.cells.insert(next((i for i, t in enumerate(tags) if PARAM_TAG in t), -1) + 1, cell)
     progress = _Progress()
     # the IPC transport: the kernel's sockets are files in a private folder, not TCP ports
     folder = tempfile.mkdtemp(prefix="sglab-kernel-", dir=kernel_dir)

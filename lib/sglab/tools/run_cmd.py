@@ -31,20 +31,6 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
     return list(dict.fromkeys(picked)) if names else all_nbs
 
 
-def _writable_out(out: Path, paths: list[Path]) -> None:
-    """``out`` made, or a ValueError saying why not."""
-    over = [p.name for p in paths if out.resolve() == p.parent.resolve()]
-    if over:
-        raise ValueError(f"--out {out}: the executed copy of {', '.join(over)} would replace the "
-                         "notebook itself (name another folder)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: a file, not a folder (name a folder)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out}: {e.strerror.lower()} (name a folder that can be made)")
-
-
 def cmd_run(args) -> int:
     from sglab.tools.report import stopping
 
@@ -66,9 +52,12 @@ def _run_command(args) -> int:
         for path in paths:
             nbtools.readable(path)
         params = parse_params(args.param)
-        why = nbtools.unknown_parameters(paths, params)
-        if why:
-            raise ValueError(why)
+        for path in paths if params else ():
+            names = nbtools.parameter_names(path)
+            bad = [k for k in params if k not in names]
+            if bad:
+                raise ValueError(f"--param {', '.join(bad)}: not a parameter of {path.stem} (its "
+                                 f"parameters: {', '.join(names) or 'none'})")
         if "MODE" in params:  # said here, not by every notebook's first cell
             from sglab.core.notebook import MODES
 
@@ -77,7 +66,16 @@ def _run_command(args) -> int:
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
         out = Path(args.out) if args.out else repo_root() / "reports"
-        _writable_out(out, paths)
+        over = [p.name for p in paths if out.resolve() == p.parent.resolve()]
+        if over:
+            raise ValueError(f"--out {out}: the executed copy of {', '.join(over)} would replace "
+                             "the notebook itself (name another folder)")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: a file, not a folder (name a folder)")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {out}: {e.strerror.lower()} (name a folder that can be made)")
     except ValueError as e:
         raise Refused(e) from None
     t0 = time.perf_counter()

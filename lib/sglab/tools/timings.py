@@ -117,10 +117,6 @@ def write(results, *, record: bool = False, params: dict | None = None, runs_roo
                           or {}, root=root, extra={"notebooks": totals, **(machine or {})})
 
 
-MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", "driver", "cuda",
-                "torch", "python", "platform", "git_sha")
-
-
 def from_reports(reports, runs_root) -> tuple[list, dict]:
     """The results of the run that wrote ``reports``' ``index.json`` and its machine's fields."""
     reports = Path(reports)
@@ -141,11 +137,12 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         stamps = [_when(s) for s in stamps if s]
         r.started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
         results.append(r)
-    machines = {}
+    machines, keys = {}, ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", "driver",
+                          "cuda", "torch", "python", "platform", "git_sha")
     for r in results:
         for csv in live_runs(r, runs_root):
             m = runs.read_run(csv).manifest
-            machines[csv.name] = {k: getattr(m, k) for k in MACHINE_KEYS}
+            machines[csv.name] = {k: getattr(m, k) for k in keys}
     distinct = {json.dumps(m, sort_keys=True) for m in machines.values()}
     if len(distinct) != 1:
         raise ValueError(f"the live runs under {runs_root} name {len(distinct)} machines "

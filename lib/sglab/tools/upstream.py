@@ -33,10 +33,8 @@ def run(args) -> int:
                       "the wheels")
     if args.releases is not None:
         return _releases(args)
-    on = {
-        "--offline": args.offline, "--no-write": args.no_write, "--figure": args.figure is not None
-    }
-    given = [f for f, v in on.items() if v]
+    on = dict(offline=args.offline, no_write=args.no_write, figure=args.figure is not None)
+    given = [f"--{k.replace('_', '-')}" for k, v in on.items() if v]
     if given:
         raise Refused(f"{' and '.join(given)}: for --releases only (the installed SGLang, or "
                       "--root's, is read without network and nothing is written)")
@@ -78,8 +76,7 @@ def _releases(args) -> int:
     table = R.summary(tl.frame)
     if (tl.frame["source"] != "wheel").any():
         table = table.assign(read_from=tl.frame["source"])
-    print()
-    print(table.to_string(index=False))
+    print("\n" + table.to_string(index=False))
     print("\nwhere a state or its reason changes:")
     for fix, version, state, reason in R.changes(tl.frame):
         print(f"  {fix:16s} {version:13s} {state:9s} {reason}")

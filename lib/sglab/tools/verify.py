@@ -165,20 +165,6 @@ def _short(text, n: int) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-def format_results(results: list[claims.Result]) -> str:
-    """One line per claim (its folded checks indented under it), the ids padded to the longest."""
-    names = [("└ " if r.parent else "") + r.claim.id for r in results]
-    width = max(map(len, names), default=0)
-    lines = []
-    for r, name in zip(results, names):
-        detail = r.outcome.measured if r.status != claims.NA else r.outcome.reason
-        lines.append(f"  {MARK[r.status]}  {name:<{width}}  {_short(detail, 70)}  "
-                     f"(expected {_short(r.claim.expected, 50)})")
-        if r.status == claims.FAIL and r.outcome.reason and r.outcome.reason != r.outcome.measured:
-            lines.append(f"        why: {_short(r.outcome.reason, 120)}")
-    return "\n".join(lines)
-
-
 def format_comparison(c: claims.Comparison) -> str:
     lines = [f"  against {c.reference.path.name} ({c.how})"]
     for e in c.env:
@@ -251,10 +237,6 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     return v
 
 
-NOT_REPEATED_COLUMNS = ("run", "claim", "figure", "this run", "the other runs", "tolerance",
-                        "host µs per launch", "why")
-
-
 def listed() -> list[dict]:
     """``data/recorded/not_repeated.json``: the figures a run does not repeat, and why."""
     path = runs.data_dir("recorded") / "not_repeated.json"
@@ -279,8 +261,9 @@ def not_repeated(recorded: dict | None = None) -> pd.DataFrame:
             (f"{run.manifest.gpu}, {run.manifest.created_utc[:16].replace('T', ' ')}", claim,
              e["value"], f"{d['this run']:.3g}" if d else "within tolerance now", ref,
              d.get("tolerance", ""), cost, e["why"]))
-    return pd.DataFrame(rows,
-                        columns=NOT_REPEATED_COLUMNS).set_index(list(NOT_REPEATED_COLUMNS[:3]))
+    columns = ("run", "claim", "figure", "this run", "the other runs", "tolerance",
+               "host µs per launch", "why")
+    return pd.DataFrame(rows, columns=columns).set_index(list(columns[:3]))
 
 
 def partial(run) -> str:
@@ -298,7 +281,15 @@ def block(v: Verified) -> tuple[list[str], list[str]]:
     """One verified run's lines and its FAIL lines (printed after the count)."""
     m, out, bad = v.run.manifest, [], []
     out.append(f"== {m.experiment} · {v.run.path.name} (method {m.method_version})")
-    out.append(format_results(v.results))
+    # one line per claim (its folded checks indented under it), the ids padded to the longest
+    names = [("└ " if r.parent else "") + r.claim.id for r in v.results]
+    width = max(map(len, names), default=0)
+    for r, name in zip(v.results, names):
+        detail = r.outcome.measured if r.status != claims.NA else r.outcome.reason
+        out.append(f"  {MARK[r.status]}  {name:<{width}}  {_short(detail, 70)}  "
+                   f"(expected {_short(r.claim.expected, 50)})")
+        if r.status == claims.FAIL and r.outcome.reason and r.outcome.reason != r.outcome.measured:
+            out.append(f"        why: {_short(r.outcome.reason, 120)}")
     out.append("  → " + claims.verdict_line(v.results, v.run))
     cut = partial(v.run)
     if cut:

@@ -23,26 +23,6 @@ from sglab.sglang.engine.hooks import say
 from sglab.sglang.engine.spec import VOCAB
 
 
-def _gpu_memory() -> None:
-    """One line per (process, GPU) that NVML reports: the memory it holds, named by its process."""
-    import psutil
-
-    from sglab.core import memory
-
-    try:
-        rows = memory.all_processes()
-    except Exception as exc:  # noqa: BLE001 - no NVML here: say so in the log
-        say(f"gpu-memory-error {type(exc).__name__}: {exc}")
-        return
-    for r in rows:
-        try:
-            name = psutil.Process(r["pid"]).name()
-        except psutil.Error:
-            name = "?"
-        say(f"gpu-memory pid={r['pid']} gpu={r['gpu']} mib={r['used_mib']:.0f} "
-            f"name={name.replace(' ', '_')}")
-
-
 def drive(params_path: str) -> int:
     """The ``engine`` tool: ``sglang.Engine`` of the release's ``ServerArgs``, a line per call."""
     p = json.loads(Path(params_path).read_text())
@@ -78,8 +58,23 @@ def drive(params_path: str) -> int:
             dt = time.perf_counter() - t0
             say(f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
                 f"warmup={warm} seconds={dt:.6f}")
-        if image is not None:
-            _gpu_memory()
+        if image is not None:  # a line per (process, GPU) NVML reports: the memory it holds
+            import psutil
+
+            from sglab.core import memory
+
+            try:
+                rows = memory.all_processes()
+            except Exception as exc:  # noqa: BLE001 - no NVML here: say so in the log
+                say(f"gpu-memory-error {type(exc).__name__}: {exc}")
+                rows = []
+            for r in rows:
+                try:
+                    name = psutil.Process(r["pid"]).name()
+                except psutil.Error:
+                    name = "?"
+                say(f"gpu-memory pid={r['pid']} gpu={r['gpu']} mib={r['used_mib']:.0f} "
+                    f"name={name.replace(' ', '_')}")
     finally:
         engine.shutdown()
     return 0
@@ -155,19 +150,6 @@ def untimed(res: dict) -> str:
             "text)") if n else ""
 
 
-def stand_in_for_datasets() -> bool:
-    """A stand-in for a missing Hugging Face ``datasets``; True where it was put."""
-    if importlib.util.find_spec("datasets") is not None:
-        return False
-
-    def load_dataset(*args, **kwargs):
-        raise RuntimeError("Hugging Face datasets is not installed (sglab's stand-in)")
-
-    sys.modules["datasets"] = types.SimpleNamespace(load_dataset=load_dataset, __name__="datasets",
-                                                    __spec__=None)
-    return True
-
-
 def _bench_serving(argv: list[str]) -> int:
     """``python -m sglang.bench_serving ARGV`` in this process; its exit status."""
     saved = sys.argv
@@ -187,7 +169,13 @@ def serve(params_path: str) -> int:
     port = _free_port(int(p["port"]))
     deadline = time.monotonic() + float(p["timeout"])
     say(f"serve-begin port={port}")
-    if stand_in_for_datasets():
+    if importlib.util.find_spec("datasets") is None:  # a stand-in for Hugging Face datasets
+
+        def load_dataset(*args, **kwargs):
+            raise RuntimeError("Hugging Face datasets is not installed (sglab's stand-in)")
+
+        sys.modules["datasets"] = types.SimpleNamespace(load_dataset=load_dataset,
+                                                        __name__="datasets", __spec__=None)
         say("applied datasets-stand-in: Hugging Face datasets is not installed; bench_serving "
             "imports it at module level and never calls it for random-ids prompts")
     server = subprocess.Popen(launch_server_argv(sys.executable, p["server_argv"], port),

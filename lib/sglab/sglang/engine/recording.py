@@ -14,7 +14,7 @@ from typing import Optional
 
 from sglab.sglang.releases import parse_version
 from sglab.sglang.engine.running import TOOL_NAMES, EngineResult
-from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, repo
+from sglab.sglang.engine.spec import METHOD_VERSION, read_config, repo
 
 
 def _grouped(items: list[dict], *keys: str, order=None) -> list[tuple[tuple, list[dict]]]:
@@ -76,10 +76,7 @@ def rows(res: EngineResult) -> list[dict]:
                          ("median", "min", "max", "iqr"), **cols)
         tps = statistics.median(r["prefill_throughput"] for r in runs_)
         add("prefill_throughput", round(tps, 1), "token/s", **cols)
-        dec = [
-            r["median_decode_latency"] * 1e3
-            for r in runs_ if r.get("median_decode_latency") is not None
-        ]
+        dec = [x * 1e3 for x in (r.get("median_decode_latency") for r in runs_) if x is not None]
         if dec:
             add_spread("decode", dec, **cols)
         add("repeats", pre["n"], "runs", **cols)
@@ -141,13 +138,11 @@ def rows(res: EngineResult) -> list[dict]:
     if res.leftovers:
         add("leftover_processes", len(res.leftovers), "processes")
     # the host over the whole start (load, capture and timed runs): was a slow start crowded?
-    for metric, key, unit in HOST_METRICS:
+    for metric, key, unit in (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%"),
+                              ("engine_cpu", "engine_cpu_s", "s"), ("engine_preempted", "preempted",
+                                                                    "switches")):
         add(metric, res.host.get(key), unit)
     return out
-
-
-HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%"),
-                ("engine_cpu", "engine_cpu_s", "s"), ("engine_preempted", "preempted", "switches"))
 
 
 def model_record(path: Path) -> dict:
@@ -199,19 +194,17 @@ def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None
                 sidecars[f"kernels_{i}"] = pd.DataFrame([{
                     "variant": r.spec.variant, "kernel": k, "per_replay": v
                 } for k, v in r.kernels["table"]])
-        params = {"specs": [_spec_params(r.spec) for r in results]}
+        specs = []
+        for s in (r.spec for r in results):
+            d = dict(asdict(s), model=Path(s.model).parent.name,
+                     adjustments=[a.name for a in s.adjustments])
+            if s.tool == "bench":
+                d["warmup_sweeps"] = s.warmup  # untimed sweeps of every input length
+            specs.append(d)
+        params = {"specs": specs}
         return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params=params,
                          root=root, gpu_count=max((r.spec.tp_size for r in results), default=1),
                          extra={**manifest_extra(results), **(extra or {})}, sidecars=sidecars)
-
-
-def _spec_params(s: EngineSpec) -> dict:
-    d = asdict(s)
-    d["model"] = Path(s.model).parent.name
-    d["adjustments"] = [a.name for a in s.adjustments]
-    if s.tool == "bench":
-        d["warmup_sweeps"] = s.warmup  # untimed sweeps of every input length
-    return d
 
 
 def summary(res: EngineResult) -> list[str]:

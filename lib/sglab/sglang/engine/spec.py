@@ -231,7 +231,10 @@ class Scenario:
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
         """One spec per start, release and case; round ``i`` rotates the variants (A B, B A)."""
-        shared = {f: getattr(self, f) for f in SHARED}
+        # the fields a scenario hands each of its specs as they are
+        names = ("tool", "batch_sizes", "input_lens", "output_len", "repeats", "requests",
+                 "prompts", "profile", "image_size", "prompt", "timeout")
+        shared = {f: getattr(self, f) for f in names}
         made = [
             EngineSpec(
                 release=v, model=self.model_config(), server_args=c.args, case=c.label,
@@ -253,11 +256,6 @@ class Scenario:
             if self.launch_pass and sp.tool == "bench" and not sp.case.endswith(AGAIN)
         ]
         return timed + counted
-
-
-# the fields a scenario hands each of its specs as they are
-SHARED = ("tool", "batch_sizes", "input_lens", "output_len", "repeats", "requests", "prompts",
-          "profile", "image_size", "prompt", "timeout")
 
 
 def read_config(path: Path) -> hf_config.HFConfig:
