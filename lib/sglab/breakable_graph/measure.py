@@ -39,10 +39,8 @@ _DEFAULTS = dict(part="", num_tokens=-1, batch_size=-1, padded=-1, model_shape="
 
 
 def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    return {
-        "variant": variant, **_DEFAULTS, "part": part, **kw, "metric": metric,
-        "value": float(value), "unit": unit
-    }
+    row = {"variant": variant, **_DEFAULTS, "part": part, **kw}
+    return {**row, "metric": metric, "value": float(value), "unit": unit}
 
 
 def model_config(params: dict) -> rebuild.ModelConfig:

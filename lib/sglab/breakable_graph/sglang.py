@@ -4,6 +4,7 @@ path, the real-release probe (on the CPU, in a release's worker process) beside 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import types
 
@@ -112,10 +113,8 @@ def _build_runner(bcg, model):
     runner = cls.__new__(cls)
     with patched(bcg, get_global_graph_memory_pool=stop, log_info_on_rank0=Recorder()), \
             captured_logs(bcg.__name__) as logs:
-        try:
+        with contextlib.suppress(Stop):
             cls.__init__(runner, model_runner)
-        except Stop:
-            pass
     return runner, [m for _, m in logs]
 
 

@@ -307,12 +307,11 @@ def mechanism(run=None):
             plots.box(ax, x + 0.32, y, 1.7, 0.8,
                       "logits tail, eager:\nlast token of each\nrequest, lm_head", color="kept",
                       fontsize=6.8)
-    ax.text(
-        0.1, 2.2, f"3-request batch: can_run = {can['before']} → runs eagerly (replayed anyway: "
-        f"{rows['before']} logit row)", fontsize=8, color=plots.PALETTE["before"])
-    ax.text(
-        0.1, 0.4, f"3-request batch: can_run = {can['after']} → replays the segments, "
-        f"{rows['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
+    said = dict(before=f"runs eagerly (replayed anyway: {rows['before']} logit row)",
+                after=f"replays the segments, {rows['after']} logit rows")
+    for y, v in ((2.2, "before"), (0.4, "after")):
+        ax.text(0.1, y, f"3-request batch: can_run = {can[v]} → {said[v]}", fontsize=8,
+                color=plots.PALETTE[v])
     ax.text(
         0.1, 0.05, "Segments and breaks recorded from the runner's own capture path (model of "
         "the run's layer count); red: the segment that bakes in the one-request gather.",
@@ -373,10 +372,8 @@ def timeline(run):
 def traffic_table(p_single: float, max_requests: int, max_len: int,
                   largest_bucket: int) -> pd.DataFrame:
     """1000 seeded prefill batches of this mix routed by each runner's ``can_run`` (no GPU)."""
-    p = {
-        **measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
-        "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]
-    }
+    p = dict(measure.DEFAULT_PARAMS, stream_p_single=p_single, stream_max_bs=max_requests,
+             stream_max_len=max_len, capture_num_tokens=[largest_bucket])
     rows = measure.hit_rate_rows(p)
     t = hit_table(rows).astype({"batches": int, "graph_batches": int})
     t = t.rename_axis(index="runner", columns=None).reset_index()

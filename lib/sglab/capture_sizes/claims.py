@@ -1,7 +1,6 @@
 """What every capture_sizes run must show (see :mod:`sglab.core.claims`): four claims, the checks
 they rest on folded under them, the review card and the real engine's claims. Trace checks read the
-``events`` sidecar (method 2+); the ``cpu_*`` checks are computed from the rebuild.
-"""
+``events`` sidecar (method 2+); the ``cpu_*`` checks are computed from the rebuild."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The dense-TP1 boundary on ``world_size`` ranks (a GPU each, NCCL; ``gloo``: CPU, no graphs),
 captured as the piecewise runner does (:func:`loop_order`): ``before`` (stops at the first bad
-size), ``before_probe`` (no shard check), ``pr_filter``, ``round_up`` (replayed); a traced pass.
-"""
+size), ``before_probe`` (no shard check), ``pr_filter``, ``round_up`` (replayed); a traced pass."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Inside one SGLang release's worker: its own runners decide the capture sizes for configured
-lists (:func:`setting_rows`) or server arguments (:func:`case_rows`): up to 0.5.13 on a stand-in
-runner, 0.5.14-0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
-"""
+"""Inside one SGLang release's worker: its own runners decide the capture sizes for configured lists
+(:func:`setting_rows`) or server arguments (:func:`case_rows`): up to 0.5.13 on a stand-in runner,
+0.5.14-0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration."""
 
 from __future__ import annotations
 
@@ -96,33 +95,6 @@ def _attn_widths(prepared, sa) -> tuple[int, int]:
     return info[1], sa.attn_cp_size  # (attn_tp_rank, attn_tp_size, attn_dp_rank[, ...])
 
 
-def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
-    """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` to its log line; the decode list."""
-    pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
-    cg = _module(prepared, "model_executor.cuda_graph_runner")
-    tp, cp = _attn_widths(prepared, sa)
-    names = dict(get_attention_tp_size=lambda: tp, get_attention_tp_rank=lambda: 0,
-                 log_info_on_rank0=lambda *a, **k: (_ for _ in ()).throw(Stop()))
-    if hasattr(pw, "get_attention_cp_size"):
-        names["get_attention_cp_size"] = lambda: cp
-    with patched(pw, **names), patched(cg, get_attention_tp_size=lambda: tp,
-                                       get_attention_cp_size=lambda: cp):
-        return _captured(pw.PiecewiseCudaGraphRunner, cg.get_batch_sizes_to_capture, sa, pool_size)
-
-
-def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
-    """0.5.14-0.5.15: the unified runners, the widths set by ``get_parallel().override``."""
-    base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
-    pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
-    base_runner = _module(prepared, "model_executor.runner.base_runner")
-    parallel = _module(prepared, "runtime_context").get_parallel()
-    tp, cp = _attn_widths(prepared, sa)
-    # the two-batch-overlap plugin allocates a device tensor; sizes never read it
-    with parallel.override(attn_tp_size=tp, attn_tp_rank=0, attn_cp_size=cp), \
-            patched(base_runner, TboCudaGraphRunnerPlugin=lambda: None):
-        return _captured(pre.PrefillCudaGraphRunner, base.get_batch_sizes_to_capture, sa, pool_size)
-
-
 def _publish_fields(prepared, sa):
     """0.5.16+: publish the stand-in's fields as a dummy ``ServerArgs`` (a context manager)."""
     cfgmod = _module(prepared, "model_executor.cuda_graph_config")
@@ -143,10 +115,29 @@ def _publish_fields(prepared, sa):
 def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
                  resolved: bool = False) -> tuple[list, list]:
     """(piecewise, decode) sizes the release's runners capture for ``sa``."""
-    if has_file(prepared, PIECEWISE_RUNNER):
-        return _sizes_pr_era(prepared, sa, pool_size)
-    if not has_file(prepared, PUBLISHED):
-        return _sizes_unified(prepared, sa, pool_size)
+    if has_file(prepared, PIECEWISE_RUNNER):  # 0.5.10.post1-0.5.13: __init__ to its log line
+        pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
+        cg = _module(prepared, "model_executor.cuda_graph_runner")
+        tp, cp = _attn_widths(prepared, sa)
+        names = dict(get_attention_tp_size=lambda: tp, get_attention_tp_rank=lambda: 0,
+                     log_info_on_rank0=lambda *a, **k: (_ for _ in ()).throw(Stop()))
+        if hasattr(pw, "get_attention_cp_size"):
+            names["get_attention_cp_size"] = lambda: cp
+        with patched(pw, **names), patched(cg, get_attention_tp_size=lambda: tp,
+                                           get_attention_cp_size=lambda: cp):
+            return _captured(pw.PiecewiseCudaGraphRunner, cg.get_batch_sizes_to_capture, sa,
+                             pool_size)
+    if not has_file(prepared, PUBLISHED):  # 0.5.14-0.5.15: widths by get_parallel().override
+        base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
+        pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
+        parallel = _module(prepared, "runtime_context").get_parallel()
+        tp, cp = _attn_widths(prepared, sa)
+        # the two-batch-overlap plugin allocates a device tensor; sizes never read it
+        with parallel.override(attn_tp_size=tp, attn_tp_rank=0, attn_cp_size=cp), \
+                patched(_module(prepared, "model_executor.runner.base_runner"),
+                        TboCudaGraphRunnerPlugin=lambda: None):
+            return _captured(pre.PrefillCudaGraphRunner, base.get_batch_sizes_to_capture, sa,
+                             pool_size)
     # 0.5.16+, with a configuration published: the functions the runners call, as they are
     with contextlib.ExitStack() as stack:
         if resolved:  # already published by configure()
@@ -178,27 +169,21 @@ def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
     return ns(**fields)
 
 
-def generated_defaults(prepared, max_tokens: int) -> list | None:
-    """The release's own default piecewise list for ``max_tokens`` (None when not reachable)."""
-    sa_cls = _module(prepared, "server_args").ServerArgs
-    gen = getattr(sa_cls, "_generate_piecewise_cuda_graph_tokens", None)
-    if gen is not None:
-        return list(gen(types.SimpleNamespace(piecewise_cuda_graph_max_tokens=max_tokens)))
-    gen = getattr(sa_cls, "_generate_prefill_cuda_graph_batch_sizes", None)  # 0.5.14-0.5.1x
-    if gen is not None:
-        return list(gen(types.SimpleNamespace(), max_tokens))
-    if has_file(prepared, "srt/arg_groups/cuda_graph_hook.py"):
-        hook = _module(prepared, "arg_groups.cuda_graph_hook")
-        if hasattr(hook, "generate_prefill_cuda_graph_batch_sizes"):
-            return list(hook.generate_prefill_cuda_graph_batch_sizes(max_tokens))
-    return None
-
-
 def setting_rows(prepared, params: dict) -> list[dict]:
     """Rows ``setting, metric, value`` per setting; the release's default list as ``defaults``."""
-    gen = generated_defaults(prepared, int(params.get("max_tokens", 2048)))
-    rows = [dict(setting="defaults", metric="generated_piecewise", value=gen)]
     cls = _module(prepared, "server_args").ServerArgs  # its fields' defaults (a dataclass)
+    max_tokens, gen = int(params.get("max_tokens", 2048)), None  # the release's own default list
+    if hasattr(cls, "_generate_piecewise_cuda_graph_tokens"):
+        ns = types.SimpleNamespace(piecewise_cuda_graph_max_tokens=max_tokens)
+        gen = list(cls._generate_piecewise_cuda_graph_tokens(ns))
+    elif hasattr(cls, "_generate_prefill_cuda_graph_batch_sizes"):  # 0.5.14-0.5.1x
+        gen = list(cls._generate_prefill_cuda_graph_batch_sizes(types.SimpleNamespace(),
+                                                                max_tokens))
+    elif has_file(prepared, "srt/arg_groups/cuda_graph_hook.py"):
+        hook = _module(prepared, "arg_groups.cuda_graph_hook")
+        if hasattr(hook, "generate_prefill_cuda_graph_batch_sizes"):
+            gen = list(hook.generate_prefill_cuda_graph_batch_sizes(max_tokens))
+    rows = [dict(setting="defaults", metric="generated_piecewise", value=gen)]
     defaults = {
         f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
         for f in (dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ())
@@ -244,27 +229,21 @@ def _rule(frame) -> str | None:
     rule = frame.f_locals.get("name", frame.f_locals.get("_name"))
     if isinstance(rule, str):
         return rule
-    said, code = _comment_above(frame.f_locals.get("predicate")), frame.f_code
-    if said:
-        return said
-    lines = (linecache.getline(code.co_filename, n)
-             for n in range(frame.f_lineno, code.co_firstlineno - 1, -1))
-    return next((m.group(1) for m in map(RULE_COMMENT.match, lines) if m), None)
-
-
-def _comment_above(predicate) -> str | None:
-    """A nameless rule's (0.5.2x ``(None, lambda: ...)``) first sentence of the comment above it."""
-    code = getattr(predicate, "__code__", None)
-    if code is None:
-        return None
-    said: list[str] = []
-    for n in range(code.co_firstlineno - 1, max(0, code.co_firstlineno - 12), -1):
-        text = linecache.getline(code.co_filename, n).strip()
+    # a nameless rule (0.5.2x ``(None, lambda: ...)``): the first sentence of the comment above it
+    above, said = getattr(frame.f_locals.get("predicate"), "__code__", None), []
+    for n in range(above.co_firstlineno - 1, max(0, above.co_firstlineno - 12),
+                   -1) if above else ():
+        text = linecache.getline(above.co_filename, n).strip()
         if text.startswith("#"):
             said.insert(0, text.lstrip("#").strip())
         elif said or text not in ("(", "None,"):
             break
-    return " ".join(said).split(". ")[0].rstrip(".") or None
+    first, code = " ".join(said).split(". ")[0].rstrip("."), frame.f_code
+    if first:
+        return first
+    lines = (linecache.getline(code.co_filename, n)
+             for n in range(frame.f_lineno, code.co_firstlineno - 1, -1))
+    return next((m.group(1) for m in map(RULE_COMMENT.match, lines) if m), None)
 
 
 @contextlib.contextmanager

@@ -163,21 +163,6 @@ def render(table) -> str:
         "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells)
 
 
-def captured_lists(table, width: int = 100) -> str:
-    """Each distinct captured list once, with the releases that capture it."""
-    ok, out = table[table.status == "captured"], []
-    for kind in LISTS:
-        groups: dict[tuple, list[str]] = {}
-        for r in ok[ok.list == kind].itertuples():
-            groups.setdefault(tuple(r.captured), []).append(r.release)
-        for sizes, releases in groups.items():
-            out.append(f"{kind}, sglang {', '.join(releases)} ({len(sizes)} sizes):")
-            out.append(
-                textwrap.fill(" ".join(map(str, sizes)), width, initial_indent="  ",
-                              subsequent_indent="  "))
-    return "\n".join(out)
-
-
 def notes(table) -> list[str]:
     """The two-batch-overlap gap between the PR's filter and the rules that double the base."""
     pw = table[(table.status == "captured") & (table.list == "piecewise")]
@@ -197,24 +182,6 @@ def notes(table) -> list[str]:
     return agree
 
 
-def assumptions(rows, *, mla: bool, gpu_mem_gb: float, model: str, case: str = "args") -> str:
-    """What the table assumes about the model and the machine, and what SGLang derived from it."""
-    d = rows[rows.case == case]
-    lines = [
-        f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
-        f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
-        f"text model; 0.5.14 on: the model config {model}"
-    ]
-    for release, g in d.groupby("release", sort=False):
-        f = dict(zip(g.metric, g.value))
-        if "piecewise_max_tokens" in f:
-            lines.append(f"  sglang {release}: piecewise max tokens {f['piecewise_max_tokens']}, "
-                         f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}" +
-                         (f", attention backend {f['attention_backend']} (chosen without a GPU)"
-                          if f.get("attention_backend") else ""))
-    return "\n".join(lines)
-
-
 def to_csv(table, path) -> None:
     """The table with each list written as space-separated sizes."""
     flat = table.copy()
@@ -230,39 +197,9 @@ PARALLEL_FLAGS = ("--tp-size", "--tp", "--dp-size", "--dp", "--pp-size", "--ep-s
                   "--moe-dense-tp-size", "--attn-cp-size", "--attention-context-parallel-size")
 
 
-def bad_parallel_size(argv: list[str]) -> str | None:
-    """One line naming the first parallel width in ``argv`` that is not a positive integer."""
-    for i, a in enumerate(argv):
-        flag, eq, val = a.partition("=")
-        if flag not in PARALLEL_FLAGS:
-            continue
-        val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if not (val.isdigit() and int(val) > 0):
-            return f"{flag} {val or '(no value)'}: a parallel size must be a positive integer"
-    return None
-
-
 def _fail(msg: str, code: int = 2) -> int:
     print(f"sglab capture-sizes: {msg}", file=sys.stderr)
     return code
-
-
-def pick_releases(requested: list[str] | None) -> list[str]:
-    """The installed pinned releases, or the ``requested`` installed ones; else a ValueError."""
-    installed = installed_releases()
-    if not requested:
-        picked = [v for v in PINNED if v in installed]
-        if not picked:
-            raise ValueError("no SGLang release is installed under .sglang/ (run `sglab real "
-                             "install`)")
-        return picked
-    for v in requested:
-        parse_version(v)
-        if v not in installed:
-            raise ValueError(f"sglang {v} is not installed (installed: "
-                             f"{', '.join(installed) or 'none'}; run `sglab real install "
-                             f"--releases {v}`)")
-    return list(dict.fromkeys(requested))
 
 
 def _on_terminal() -> bool:
@@ -279,15 +216,27 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
     if not argv:
         return _fail("give SGLang server arguments after --, e.g. `sglab capture-sizes -- --tp 8 "
                      "--moe-dense-tp-size 1`")
-    bad = bad_parallel_size(argv)
-    if bad:
-        return _fail(bad)
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if flag in PARALLEL_FLAGS and not (val.isdigit() and int(val) > 0):
+            return _fail(
+                f"{flag} {val or '(no value)'}: a parallel size must be a positive integer")
     if csv and not Path(csv).resolve().parent.is_dir():  # said before the releases run, not after
         return _fail(f"--csv {csv}: no such folder {Path(csv).resolve().parent}")
     if csv and Path(csv).is_dir():
         return _fail(f"--csv {csv}: a folder, not a file")
+    installed = installed_releases()  # the pinned ones, or those asked for
+    picked = list(dict.fromkeys(releases)) if releases else [v for v in PINNED if v in installed]
+    if not picked:
+        return _fail("no SGLang release is installed under .sglang/ (run `sglab real install`)")
     try:
-        picked = pick_releases(releases)
+        for v in picked:
+            parse_version(v)
+            if v not in installed:
+                return _fail(f"sglang {v} is not installed (installed: "
+                             f"{', '.join(installed) or 'none'}; run `sglab real install "
+                             f"--releases {v}`)")
         sglang.model_config(model)  # a missing config is said before any release starts
     except ValueError as e:
         return _fail(str(e))
@@ -313,12 +262,32 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
             _fail(f"{msg} (sglang {', '.join(d.release)})")
         return 2
     print(f"SGLang server arguments: {' '.join(argv)}")
-    print(assumptions(rows, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model))
+    # what the table assumes about the model and the machine, and what SGLang derived from it
+    print(f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
+          f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
+          f"text model; 0.5.14 on: the model config {model}")
+    for release, g in rows[rows.case == "args"].groupby("release", sort=False):
+        f = dict(zip(g.metric, g.value))
+        if "piecewise_max_tokens" in f:
+            print(f"  sglang {release}: piecewise max tokens {f['piecewise_max_tokens']}, "
+                  f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}" +
+                  (f", attention backend {f['attention_backend']} (chosen without a GPU)" if f.
+                   get("attention_backend") else ""))
     print(render(table))
     for line in notes(table):
         print(line)
-    if not answered.empty:
-        print("\ncaptured sizes:\n" + captured_lists(table))
+    if not answered.empty:  # each distinct captured list once, with the releases that capture it
+        ok, out = table[table.status == "captured"], []
+        for kind in LISTS:
+            groups: dict[tuple, list[str]] = {}
+            for r in ok[ok.list == kind].itertuples():
+                groups.setdefault(tuple(r.captured), []).append(r.release)
+            for sizes, names in groups.items():
+                out.append(f"{kind}, sglang {', '.join(names)} ({len(sizes)} sizes):")
+                out.append(
+                    textwrap.fill(" ".join(map(str, sizes)), 100, initial_indent="  ",
+                                  subsequent_indent="  "))
+        print("\ncaptured sizes:\n" + "\n".join(out))
     if csv:
         to_csv(table, csv)
         print(f"CSV: {csv}")

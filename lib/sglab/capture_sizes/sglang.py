@@ -1,7 +1,6 @@
 """The capture sizes real SGLang releases use: the fix's record ``FIX`` (PR, hunk, probe, engine
 scenarios, code path), its source check, the real lists beside the rebuild's rules
-(:func:`compare`), and :func:`ask`, your server arguments put to several releases.
-"""
+(:func:`compare`), and :func:`ask`, your server arguments put to several releases."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Tables and figures of notebook 06: a run's tables (per variant and size, per traced capture
 range), the rebuild's CPU tables, the figures, and the real engine's section (``VIEW``); your own
-setup is in :mod:`.server_args`.
-"""
+setup is in :mod:`.server_args`."""
 
 from __future__ import annotations
 
@@ -86,28 +85,6 @@ def _run_facts(run) -> dict:
             f"{v}_max_abs_err": float(r.worst_replay_err)
         })
     return facts
-
-
-def size_status(df):
-    """One status per (variant, size): the first of its metrics that holds, in this order."""
-    said = dict(failed="failed", not_reached="not reached", replay_ok="captured + replayed",
-                captured="captured", ok="ok (eager)")
-    held = df.groupby(["variant", "size", "metric"]).value.last().unstack()
-    held = held.reindex(columns=list(said)).fillna(0).astype(bool)
-    status = held.idxmax(axis=1).map(said).where(held.any(axis=1), "?")
-    return status.rename("status").reset_index().astype({"size": int})
-
-
-def describe_run(run) -> str:
-    """The collective's own words for the refused sizes, and whether the two fixed lists differ."""
-    f = run_facts(run)
-    raw = sorted(run.df.loc[run.df.variant == "before", "size"].astype(int).unique())
-    lists = fx.policy_lists(raw, f["world_size"])
-    same = ("the PR's list and the rounded-up list are identical here (every dropped size rounds "
-            "onto a bucket already in the list): this run shows that both work, not which is "
-            "better" if lists["pr_filter"] == lists["round_up"] else "")
-    return "\n".join(x for x in (f"without the shard check the collective refused "
-                                 f"{f['refused_sizes']}: {f['refused_error'][:110]}", same) if x)
 
 
 _SIZE_RANGE = re.compile(r"^phase::(warmup|capture|refused) (\d+)$")
@@ -205,8 +182,26 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
                            ylim=(0, height))
     top = height - 1.05
     yb = top - rh * attn_tp
-    for j, n in enumerate(cols):
-        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, set(sizes))
+    for j, n in enumerate(cols):  # a column per size: its shards, the filter, the round-up
+        x, refused = x0 + j * cw, n % attn_tp != 0
+        ax.text(x + 0.44, top + 0.12, str(n), ha="center", va="bottom", fontsize=9,
+                fontweight="bold",
+                color=plots.PALETTE["before"] if refused else plots.PALETTE["neutral"])
+        if refused:
+            ax.text(x + 0.44, top + 0.42, "✗ refused", ha="center", va="bottom", fontsize=7,
+                    color=plots.PALETTE["before"])
+        shards = fx.shard_sizes(n, attn_tp)
+        for i, s in enumerate(shards):
+            color = "equal" if not refused else ("more" if s > min(shards) else "fewer")
+            plots.box(ax, x, top - rh * (i + 1) + 0.04, 0.88, rh - 0.08, str(s),
+                      color=_SHARD_COLORS[color], fontsize=7.5)
+        kept = n in lists["pr_filter"]
+        plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08,
+                  str(n) if kept else "dropped", color="kept" if kept else "neutral", fontsize=7)
+        up = fx.ceil_align(n, attn_tp)
+        said = str(up) if up == n else f"→ {up}" + (", merged" if up in sizes else "")
+        plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, said,
+                  color="kept" if up == n else "accent", fontsize=7)
     for i in range(attn_tp):
         plots.label(ax, 0.05, top - rh * (i + 0.5), f"rank {i}", fontsize=8, weight="normal")
     plots.label(ax, 0.05, yb - 0.45, "PR filter", fontsize=8)
@@ -248,28 +243,6 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     return fig
 
 
-def _size_column(ax, x, top, n, tp, rh, lists, original) -> None:
-    refused = n % tp != 0
-    ax.text(x + 0.44, top + 0.12, str(n), ha="center", va="bottom", fontsize=9, fontweight="bold",
-            color=plots.PALETTE["before"] if refused else plots.PALETTE["neutral"])
-    if refused:
-        ax.text(x + 0.44, top + 0.42, "✗ refused", ha="center", va="bottom", fontsize=7,
-                color=plots.PALETTE["before"])
-    shards = fx.shard_sizes(n, tp)
-    for i, s in enumerate(shards):
-        color = "equal" if not refused else ("more" if s > min(shards) else "fewer")
-        plots.box(ax, x, top - rh * (i + 1) + 0.04, 0.88, rh - 0.08, str(s),
-                  color=_SHARD_COLORS[color], fontsize=7.5)
-    yb = top - rh * tp
-    kept = n in lists["pr_filter"]
-    plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08,
-              str(n) if kept else "dropped", color="kept" if kept else "neutral", fontsize=7)
-    up = fx.ceil_align(n, tp)
-    text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
-    plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
-              color="kept" if up == n else "accent", fontsize=7)
-
-
 STATUS_COLORS = {
     "captured + replayed": plots.PALETTE["after"], "captured": plots.PALETTE["graph"],
     "ok (eager)": plots.PALETTE["eager"], "failed": plots.PALETTE["before"],
@@ -278,8 +251,13 @@ STATUS_COLORS = {
 
 
 def size_status_plot(run):
-    """One dot per (variant, size), coloured by what happened to it; failed sizes labelled."""
-    st = size_status(run.df)
+    """A dot per (variant, size), coloured by its first metric that holds; failed sizes labelled."""
+    said = dict(failed="failed", not_reached="not reached", replay_ok="captured + replayed",
+                captured="captured", ok="ok (eager)")
+    held = run.df.groupby(["variant", "size", "metric"]).value.last().unstack()
+    held = held.reindex(columns=list(said)).fillna(0).astype(bool)
+    status = held.idxmax(axis=1).map(said).where(held.any(axis=1), "?")
+    st = status.rename("status").reset_index().astype({"size": int})
     fig, ax = plots.figure(width=10, height=2.8)
     for y, v in enumerate(VARIANTS):
         sub = st[st.variant == v]
@@ -395,7 +373,15 @@ def measured(rs) -> None:
         print(f"\n— {r.label} (world size {r.manifest.params['world_size']}) —")
         notebook.show_table(summary_view(r.df))
         notebook.show_figure(size_status_plot(r))
-        print(describe_run(r))
+        f = run_facts(r)  # the collective's own words, and whether the two fixed lists differ
+        raw = sorted(r.df.loc[r.df.variant == "before", "size"].astype(int).unique())
+        lists = fx.policy_lists(raw, f["world_size"])
+        print(f"without the shard check the collective refused {f['refused_sizes']}: "
+              f"{f['refused_error'][:110]}")
+        if lists["pr_filter"] == lists["round_up"]:
+            print("the PR's list and the rounded-up list are identical here (every dropped size "
+                  "rounds onto a bucket already in the list): this run shows that both work, not "
+                  "which is better")
 
 
 @notebook.needs_run
@@ -460,20 +446,19 @@ def first_line(fact: dict) -> str:
     return fact["status"].removeprefix("error: ").split(" (log:")[0]
 
 
-def _keeps(f: dict) -> list[int]:
-    """What the rebuild's rule of the fact's release keeps of the sizes asked."""
-    rule = {"today": "round_up"}.get(f["rule"], f["rule"])
-    return fx.policy_lists(f["asked"], f["attn_tp"]).get(rule, f["asked"])
-
-
 def engine_table(run) -> pd.DataFrame:
     """Per release and attention-TP size: the rule, sizes asked, the engine, the rebuild's list."""
-    rows = [{
-        "release": f["release"], "rule (read from its source)": RULE.get(f["rule"], str(f["rule"])),
-        "attention TP": f["attn_tp"], "asked": _words(f["asked"]),
-        "engine": "started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f),
-        "captured": _words(f["captured"]) or "-", "rebuild keeps": _words(_keeps(f))
-    } for f in engine_facts(run)]
+    rows = []
+    for f in engine_facts(run):
+        rule = {"today": "round_up"}.get(f["rule"], f["rule"])  # the rebuild's rule of its release
+        keeps = fx.policy_lists(f["asked"], f["attn_tp"]).get(rule, f["asked"])
+        said = RULE.get(f["rule"], str(f["rule"]))
+        rows.append({
+            "release": f["release"], "rule (read from its source)": said,
+            "attention TP": f["attn_tp"], "asked": _words(f["asked"]),
+            "engine": "started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f),
+            "captured": _words(f["captured"]) or "-", "rebuild keeps": _words(keeps)
+        })
     return pd.DataFrame(rows).set_index("release") if rows else pd.DataFrame()
 
 

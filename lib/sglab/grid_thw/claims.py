@@ -1,8 +1,7 @@
 """What every grid_thw run must show (``sglab verify grid_thw``): five claims a reader checks, the
 instrument and hygiene checks folded under them, the review card and the real engine's claims.
 Numbers are NVML's per-process MiB on one GPU: 0 exactly where the fix promises nothing, "more than
-0" where a context's size depends on the GPU and driver; what a run cannot show is n/a with why.
-"""
+0" where a context's size depends on the GPU and driver; what a run cannot show is n/a with why."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Measure where the grid lands and what each process then holds on each GPU (NVML), per variant
 (:data:`VARIANTS`). A *group* is one variant × repeat of fresh processes (a tokenizer building the
 request on ``cuda:0``, ``tp_size`` ranks), all groups at once; rank 0 reads NVML at the
-:data:`PHASES` barriers, and every process marks its steps for the parent's NVML time series.
-"""
+:data:`PHASES` barriers, and every process marks its steps for the parent's NVML time series."""
 
 from __future__ import annotations
 
@@ -75,9 +74,8 @@ _DEFAULTS = {"tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1, 
 
 
 def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    return {
-        "variant": variant, **_DEFAULTS, **kw, "metric": metric, "value": float(value), "unit": unit
-    }
+    row = {"variant": variant, **_DEFAULTS, **kw}
+    return {**row, "metric": metric, "value": float(value), "unit": unit}
 
 
 @contextmanager
@@ -131,18 +129,6 @@ def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, de
             json.dump({"pid": os.getpid(), "marks": marks}, f)
 
 
-def _connect(address: str):
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
-    while True:
-        try:
-            return Client(address, family="AF_UNIX")
-        except (FileNotFoundError, ConnectionRefusedError):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"tokenizer socket {address} did not open within "
-                                   f"{CONNECT_TIMEOUT_S:g} s")
-            time.sleep(0.02)
-
-
 class Snapshots:
     """Rank 0's NVML readings at the barriers: this group's processes and others', on every GPU."""
 
@@ -178,8 +164,15 @@ class Snapshots:
 
 def _receive(ctx, v: Variant, address: str, marks: list):
     """Rank 0 (each rank on a per-receiver wire) reads the tokenizer's bytes; others a broadcast."""
-    w = v.wire
-    conn = _connect(address) if (ctx.rank == 0 or w.per_receiver) else None
+    w, conn, deadline = v.wire, None, time.monotonic() + CONNECT_TIMEOUT_S
+    while conn is None and (ctx.rank == 0 or w.per_receiver):
+        try:
+            conn = Client(address, family="AF_UNIX")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tokenizer socket {address} did not open within "
+                                   f"{CONNECT_TIMEOUT_S:g} s")
+            time.sleep(0.02)
     data = conn.recv_bytes() if conn is not None else None
     if not w.per_receiver:
         ctx.barrier()  # rank 0 holds the bytes: the mark spans the broadcast and the unpickling
@@ -291,26 +284,9 @@ def _stop(proc, wait_s: float = 60.0):
     return proc.exitcode
 
 
-def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict, tok_exit) -> list[dict]:
-    """Processes of the group alive and listed by NVML after 10 s; the tokenizer's exit code."""
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    alive, listed = sum(_alive(p) for p in pids), -1
-    while nccl:
-        listed = len(memory.process_gpu_memory(pids))
-        if listed == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    kw = dict(common, process="all", phase="exited")
-    return [
-        _row(variant, "processes_alive", alive, "count", **kw),
-        _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw),
-        _row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code", **kw)
-    ]
-
-
-def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]:
+def _group_rows(variant: str, results: list[dict], pids: list[int], nccl: bool, common: dict,
+                tok_exit) -> list[dict]:
+    """Where the grid landed per rank; the processes alive and listed by NVML after 10 s."""
     rows = []
     for r in results:
         rows += [{**m, **common} for m in r["memory_rows"]]
@@ -327,7 +303,21 @@ def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]
                 rows.append(
                     _row(variant, "stack_limit_bytes", value, "bytes per thread",
                          **dict(base, gpu=gpu, phase=step)))
-    return rows
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive, listed = sum(_alive(p) for p in pids), -1
+    while nccl:
+        listed = len(memory.process_gpu_memory(pids))
+        if listed == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    kw = dict(common, process="all", phase="exited")
+    return rows + [
+        _row(variant, "processes_alive", alive, "count", **kw),
+        _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw),
+        _row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code", **kw)
+    ]
 
 
 def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
@@ -361,8 +351,7 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     common = {"tp_size": tp_size, "repeat": repeat}
     landed = [r["landed"] for r in results]
     pids = [x["pid"] for x in landed] + [tok.pid]
-    rows = _landing_rows(variant, results, common) + _exit_rows(variant, pids, backend == "nccl",
-                                                                common, tok_exit)
+    rows = _group_rows(variant, results, pids, backend == "nccl", common, tok_exit)
     procs = {x["pid"]: (f"rank {x['rank']}", x["rank"]) for x in landed}
     procs = {tok.pid: ("tokenizer", -1), **procs}
     marks = [(*procs[tok.pid], *m) for m in tok_marks]

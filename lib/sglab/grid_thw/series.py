@@ -1,7 +1,6 @@
 """The memory time series of a grid_thw run: NVML samples of every process of a group and the marks
 each process took, made into the sidecars ``memory``, ``marks`` and ``trace`` (Perfetto), then read
-back: what each marked step added to a process's memory on a GPU, and the profiler picture.
-"""
+back: what each marked step added to a process's memory on a GPU, and the profiler picture."""
 
 from __future__ import annotations
 
@@ -171,32 +170,6 @@ LINE_COLORS = {
 }
 
 
-def _series_panel(ax, mem, marks, variant: str, rank: int) -> None:
-    me = marks[marks.process == f"rank {rank}"]
-    own, end = me[me["mark"] == "own context"].t_s, me[me["mark"] == "release"]
-    t0 = (float(own.min()) if len(own) else float(me.t_s.min())) - 0.4
-    t1 = (float((end.t_s + end.dur_s).max()) if len(end) else float(me.t_s.max())) + 0.4
-    top = max(1.0, float(mem.mib.max()))
-    for (proc, gpu), g in mem.groupby(["process", "gpu"]):
-        if g.mib.max() == 0:
-            continue
-        stray_ = proc.startswith("rank") and int(proc.split()[1]) != gpu
-        g = pd.concat([g, g.tail(1).assign(t_s=max(t1, float(g.t_s.max())))]).sort_values("t_s")
-        ax.step(g.t_s, g.mib, where="post", lw=2.4 if stray_ else 1.2, ls="-" if stray_ else "--",
-                color=plots.PALETTE["before"] if stray_ else LINE_COLORS.get(proc, "#34495e"),
-                label=f"{proc} on GPU {gpu}" + (" (stray)" if stray_ else ""))
-    for r in me[me["mark"].isin(SERIES_MARKS)].itertuples():
-        ax.axvspan(r.t_s, r.t_s + max(r.dur_s, 0.004), color="#f9e79f", alpha=0.8, lw=0)
-        ax.text(r.t_s, top * 1.02, r.mark, rotation=50, fontsize=7, ha="left", va="bottom",
-                color="#555555")
-    ax.set_xlim(t0, t1)
-    ax.set_ylim(0, top * 1.05)
-    ax.set_ylabel("MiB (NVML)")
-    ax.set_title(f"{variant}: every process of the group, rank {rank}'s steps shaded", loc="left",
-                 pad=34)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5)
-
-
 def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: int = 1):
     """Every process's NVML memory over time, one group per variant (None without a series)."""
     mem, marks = run.sidecar("memory"), run.sidecar("marks")
@@ -205,9 +178,32 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
     variants = [v for v in variants if v in set(mem.variant)]
     fig, axes = plots.figure(nrows=len(variants), width=11.0, height=3.3 * len(variants))
     axes = np.ravel(np.atleast_1d(axes))
-    for ax, v in zip(axes, variants):
-        group = [d[(d.variant == v) & (d.repeat == repeat)] for d in (mem, marks)]
-        _series_panel(ax, *group, v, rank)
+    for ax, v in zip(axes, variants):  # every process of the group, the rank's steps shaded
+        m, me = (d[(d.variant == v) & (d.repeat == repeat)] for d in (mem, marks))
+        me = me[me.process == f"rank {rank}"]
+        own, end = me[me["mark"] == "own context"].t_s, me[me["mark"] == "release"]
+        t0 = (float(own.min()) if len(own) else float(me.t_s.min())) - 0.4
+        t1 = (float((end.t_s + end.dur_s).max()) if len(end) else float(me.t_s.max())) + 0.4
+        top = max(1.0, float(m.mib.max()))
+        for (proc, gpu), g in m.groupby(["process", "gpu"]):
+            if g.mib.max() == 0:
+                continue
+            stray_ = proc.startswith("rank") and int(proc.split()[1]) != gpu
+            g = pd.concat([g, g.tail(1).assign(t_s=max(t1, float(g.t_s.max())))]).sort_values("t_s")
+            ax.step(g.t_s, g.mib, where="post", lw=2.4 if stray_ else 1.2,
+                    ls="-" if stray_ else "--",
+                    color=plots.PALETTE["before"] if stray_ else LINE_COLORS.get(proc, "#34495e"),
+                    label=f"{proc} on GPU {gpu}" + (" (stray)" if stray_ else ""))
+        for r in me[me["mark"].isin(SERIES_MARKS)].itertuples():
+            ax.axvspan(r.t_s, r.t_s + max(r.dur_s, 0.004), color="#f9e79f", alpha=0.8, lw=0)
+            ax.text(r.t_s, top * 1.02, r.mark, rotation=50, fontsize=7, ha="left", va="bottom",
+                    color="#555555")
+        ax.set_xlim(t0, t1)
+        ax.set_ylim(0, top * 1.05)
+        ax.set_ylabel("MiB (NVML)")
+        ax.set_title(f"{v}: every process of the group, rank {rank}'s steps shaded", loc="left",
+                     pad=34)
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5)
     axes[-1].set_xlabel("seconds from the group's start")
     hz = float(run.df[run.df.metric == "sampler_hz"].value.max())
     plots.caption(fig, run, extra=f"repeat {repeat} · NVML sampled in the parent at {hz:.0f} Hz")

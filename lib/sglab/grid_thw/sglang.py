@@ -1,8 +1,7 @@
 """The Kimi-K2.5 grid in real SGLang: the fix's record ``FIX``, its source check, the CPU probe (in
 a release's worker: which key the model reads, what ``_gpu_call`` returns, what the wire does to the
 grid), the engine scenarios (TP 2 to 8, released and with #22858's line reverted), the request's
-code path and the comparison with the rebuild.
-"""
+code path and the comparison with the rebuild."""
 
 from __future__ import annotations
 
@@ -177,51 +176,36 @@ def processor_rows(prepared) -> list[dict]:
                 (out["input_ids"] == rebuild.IMAGE_TOKEN_ID).sum()))
 
 
-def _send_msgpack(prepared, item):
-    """``TokenizedGenerateReqInput`` through ``io_struct.msgpack_encode`` / ``msgpack_decode``."""
-    io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
-    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
-    from sglang.srt.sampling.sampling_params import SamplingParams  # the release's own
-
-    mm_inputs = sb.MultimodalProcessorOutput(mm_items=[item])
-    data = io.msgpack_encode(
-        io.TokenizedGenerateReqInput(
-            input_text="x", input_ids=array("i", [1, 2, 3]), input_embeds=None, mm_inputs=mm_inputs,
-            token_type_ids=None, sampling_params=SamplingParams(), return_logprob=False,
-            logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False))
-    back = io.msgpack_decode(data).mm_inputs.mm_items[0]
-    return back, "msgpack (io_struct.msgpack_encode)", len(data)
-
-
-def _send_pickle(item):
-    """What ZMQ ``send_pyobj`` / ``recv_pyobj`` do with the processor output: pickle."""
-    data = pickle.dumps({"mm_items": [item]}, protocol=pickle.HIGHEST_PROTOCOL)
-    return pickle.loads(data)["mm_items"][0], "pickle (zmq send_pyobj)", len(data)
-
-
-def _recorded_device(grid, msgpack: bool) -> str | None:
-    """The device string the wire stores with the tensor."""
-    if msgpack:
-        from sglang.srt.utils import msgpack_utils as mu
-
-        meta, _ = mu._unpack_buffer_ext(memoryview(mu.enc_hook(grid).data))
-        return str(meta[2])
-    blob = pickle.dumps(grid)
-    return next((t for t in ("cuda:0", "cuda:1", "cpu") if t.encode() in blob), None)
-
-
 def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
     """The item through the release's transport: msgpack (0.5.2x) or pickle (0.5.1x)."""
     msgpack = has_file(prepared, "srt/utils/msgpack_utils.py")
     item = make_item(sb, key, grid, pixels)
-    back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
+    how = "msgpack (io_struct.msgpack_encode)" if msgpack else "pickle (zmq send_pyobj)"
+    if msgpack:  # TokenizedGenerateReqInput through io_struct.msgpack_encode / msgpack_decode
+        io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
+        from sglang.srt.sampling.sampling_params import SamplingParams  # the release's own
+        from sglang.srt.utils import msgpack_utils as mu
+
+        mm_inputs, ids = sb.MultimodalProcessorOutput(mm_items=[item]), array("i", [1, 2, 3])
+        req = io.TokenizedGenerateReqInput(
+            input_text="x", input_ids=ids, input_embeds=None, mm_inputs=mm_inputs,
+            token_type_ids=None, sampling_params=SamplingParams(), return_logprob=False,
+            logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False)
+        data = io.msgpack_encode(req)
+        back = io.msgpack_decode(data).mm_inputs.mm_items[0]
+        meta, _ = mu._unpack_buffer_ext(memoryview(mu.enc_hook(grid).data))
+        recorded = str(meta[2])  # the device string the wire stores with the tensor
+    else:  # what ZMQ send_pyobj / recv_pyobj do with the processor output: pickle
+        data = pickle.dumps({"mm_items": [item]}, protocol=pickle.HIGHEST_PROTOCOL)
+        back, blob = pickle.loads(data)["mm_items"][0], pickle.dumps(grid)
+        recorded = next((t for t in ("cuda:0", "cuda:1", "cpu") if t.encode() in blob), None)
     g = back.model_specific_data.get(key)
     kept = g is not None
-    facts = dict(wire=how, bytes=nbytes, item_class=type(back).__name__, key_kept=kept,
+    facts = dict(wire=how, bytes=len(data), item_class=type(back).__name__, key_kept=kept,
                  device_sent=str(grid.device), device_received=str(g.device) if kept else None,
-                 device_recorded_on_wire=_recorded_device(grid, msgpack), dtype_kept=kept
-                 and g.dtype == grid.dtype, shape_kept=kept and tuple(g.shape) == tuple(grid.shape),
-                 values_kept=kept and g.cpu().tolist() == grid.cpu().tolist())
+                 device_recorded_on_wire=recorded, dtype_kept=kept and g.dtype == grid.dtype,
+                 shape_kept=kept and tuple(g.shape) == tuple(grid.shape), values_kept=kept
+                 and g.cpu().tolist() == grid.cpu().tolist())
     return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
 
 

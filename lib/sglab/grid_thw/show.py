@@ -1,7 +1,6 @@
 """Tables and figures of notebook 05: the real engine's processes × GPUs (the picture under the
 card, the engine section's ``VIEW``), the rebuild's GPU runs (the appendix), the lesson's cache
-answer and "your own setup". Several runs keep apart in a ``run`` column (:func:`frame`).
-"""
+answer and "your own setup". Several runs keep apart in a ``run`` column (:func:`frame`)."""
 
 from __future__ import annotations
 

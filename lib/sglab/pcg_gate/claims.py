@@ -304,10 +304,6 @@ def _default_off(run):
         "asked for it: ServerArgs' own rules turned piecewise graphs off)", pcg)
 
 
-def _pairs(run) -> dict:
-    return tables.engine_ratios(engine_records.frame([run]))
-
-
 def _speedup(run):
     """Each captured case over pcg-off of its model and release, against that release's A/A gap."""
     df = engine_records.frame([run])
@@ -315,7 +311,7 @@ def _speedup(run):
     gaps = engine_stats.aa_gap(df, "prefill", "input_len", tables.STAT)
     worst = max(gaps.values(), default=0.0)  # a pair without its own control: the run's widest
     pairs, said = {}, []
-    for (model, rel, case), r in _pairs(run).items():
+    for (model, rel, case), r in tables.engine_ratios(df).items():
         noise = gaps.get((model, rel), worst)
         lo, hi = min(r.values()), max(r.values())
         pairs[f"{model} {rel} {case}"] = dict(lo=lo, hi=hi, aa_noise=noise, margin=lo - 1.0 - noise)
@@ -331,7 +327,8 @@ def _speedup(run):
 
 
 def _paired(run):
-    return None if _pairs(run) else "no captured + pcg-off pair"
+    pairs = tables.engine_ratios(engine_records.frame([run]))
+    return None if pairs else "no captured + pcg-off pair"
 
 
 def _launches(run):

@@ -26,10 +26,8 @@ rebuild = lazy.Module("sglab.pcg_gate.rebuild")
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
-VARIANT_OF = {
-    "0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias", "0.5.13": "property_guard",
-    "0.5.23": "property_guard"
-}
+VARIANT_OF = dict(
+    zip(PROBE_RELEASES, ("plain_alias", "no_alias", "property_guard", "property_guard")))
 # the real class with nn.Module.__setattr__ restored (where the release has the guard): the property
 CASE_VARIANT = {"as_released": None, "property_without_guard": "property_only"}
 KEYS = ("gate_enabled", "keys_before_gate", "keys_after_gate", "model_in_modules_after_gate",
@@ -74,13 +72,10 @@ def build_kimi(kimi, cls=None):
     mm_args = types.SimpleNamespace(mm_enable_dp_encoder=False)
     getter = "get_mm" if hasattr(kimi, "get_mm") else "get_global_server_args"
     config = types.SimpleNamespace(vision_config=None, text_config=None, encoder_only=False)
-    with patched(
-            kimi, **{
-                getter: lambda: mm_args,
-                "MoonViT3dPretrainedModel": lambda *a, **k: torch.nn.Linear(4, 4),
-                "K2VLMultiModalProjector": lambda *a, **k: torch.nn.Linear(4, 4),
-                "DeepseekV3ForCausalLM": lambda *a, **k: rebuild.tiny_language_model()
-            }):
+    with patched(kimi, MoonViT3dPretrainedModel=lambda *a, **k: torch.nn.Linear(4, 4),
+                 K2VLMultiModalProjector=lambda *a, **k: torch.nn.Linear(4, 4),
+                 DeepseekV3ForCausalLM=lambda *a, **k: rebuild.tiny_language_model(),
+                 **{getter: lambda: mm_args}):
         return cls(config, quant_config=None)
 
 

@@ -99,15 +99,10 @@ def mechanism_facts(rs=None) -> pd.DataFrame:
     return table.assign(source="the CPU rebuild (2-layer LLM)")
 
 
-def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
-    if not on:
-        return "not reached", "neutral"
-    if v == "plain_alias":
-        return "text model already in _modules['model']\n(registered in __init__)", "before"
-    if v == "property_guard":
-        return "dropped by __setattr__\n(nothing registered)", "kept"
-    return (("nn.Module.__setattr__ puts the LLM\nin _modules['model']", "before") if dup else
-            ("no duplicate", "kept"))
+# the gate's write-back as each wrapper takes it (the others: nn.Module.__setattr__'s)
+WRITE_BACK = dict(
+    plain_alias=("text model already in _modules['model']\n(registered in __init__)", "before"),
+    property_guard=("dropped by __setattr__\n(nothing registered)", "kept"))
 
 
 def mechanism(rs=None):
@@ -128,7 +123,9 @@ def mechanism(rs=None):
             if on else "False → 'not a language model'\nPCG off (eager prefill)",
             color="after" if on else "removed", fontsize=7.5)
         plots.arrow(ax, (5.0, y + 0.37), (5.35, y + 0.37))
-        what, color = _write_back(v, on, dup)
+        what, color = (("not reached", "neutral") if not on else WRITE_BACK.get(v) or
+                       (("nn.Module.__setattr__ puts the LLM\nin _modules['model']",
+                         "before") if dup else ("no duplicate", "kept")))
         plots.box(ax, 5.35, y, 2.7, 0.75, what, color=color, fontsize=7.5)
         plots.arrow(ax, (8.1, y + 0.37), (8.45, y + 0.37))
         plots.box(ax, 8.45, y + 0.4, 3.4, 0.33, f"language_model.*  {lm} keys", color="kept",

@@ -333,8 +333,7 @@ KERNEL_TIMES = (("prefill_gpu_ms", "all kernels"), ("prefill_attention_ms", "att
 
 
 def _per_case(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """``metric`` of the full-width models on their scenarios' release (the starts' median) per
-    model and prompt tokens, a column per case."""
+    """``metric`` (starts' median) of the full-width models per prompt tokens, a column per case."""
     d = engine_stats.numbers(df[df["model"].isin(FULL_WIDTH)], metric) if not df.empty else df
     d = d[d.release == sglang.FULL_BENCH.releases[-1]] if not d.empty else d
     if d.empty:

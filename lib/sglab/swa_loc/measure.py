@@ -65,8 +65,7 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
                      n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
                      head_dim: int = 16, size: int = 256, size_swa: int = 128,
                      dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Dict[str, Any]:
-    """Two decode steps through ``variant``'s runner against the same steps run eagerly, the second
-    padded: the tail still holds live requests' SWA slots."""
+    """Two decode steps through ``variant``'s runner against eager, the second one padded."""
     cfg = rebuild.runner_config(variant)
     kw = dict(num_layers=num_layers, swa_per_full=swa_per_full, size=size, size_swa=size_swa,
               head_num=head_num, head_dim=head_dim, dtype=dtype, device=device, seed=seed)

@@ -121,8 +121,7 @@ def build_pool(prepared, device: str = "cpu"):
 
 
 def _write_step(prepared, mode: str, device: str) -> dict:
-    """One decode step of 3 tokens through all 4 layers, the SWA location given as ``mode`` says
-    (PR-era: set before the layers; 0.5.13: passed to each write; 0.5.2x: a ``KVWriteLoc``)."""
+    """One decode step of 3 tokens through all 4 layers, the SWA location given as ``mode`` says."""
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
@@ -242,8 +241,7 @@ def probe(prepared, params: dict) -> list:
         dict(ops=dispatched_ops(fn, allocator.alloc(3)),
              mapping_dtype=_dtype(mapping) if mapping is not None else None,
              source=source[-1] if source else None))
-    if not params.get("pool_only") and has_file(prepared,
-                                                "srt/model_executor/cuda_graph_runner.py"):
+    if not params.get("pool_only") and has_file(prepared, DECODE_RUNNER):
         rows += buffer_rows(prepared, device)
     return rows
 

@@ -59,20 +59,6 @@ CODE_PATH = (Node("srt/model_executor/model_runner.py",
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
-def _callee_default(read) -> str:
-    """The end of the "before" reason: the callee's default and its assert."""
-    fn = S.find(S.parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
-    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):] if fn else []
-    default = next(
-        (ast.unparse(d) for a, d in zip(args, fn.args.defaults) if a.arg == "max_token_num"), None)
-    if default is None:
-        return ""
-    guard = any(
-        isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test) for n in ast.walk(fn))
-    return f": the callee's default max_token_num={default} applies" + (
-        f" and it asserts the batch has at most {default} tokens" if guard else "")
-
-
 def check(read) -> Verdict:
     """The state of #26382 part B in one SGLang, read from ``layers/layernorm.py``."""
     src, tree = S.parsed(read, LAYERNORM)
@@ -88,10 +74,20 @@ def check(read) -> Verdict:
             "absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
             "(no fused all-reduce + RMSNorm, no workspace to size)")
     passed = [S.keyword(c, "max_token_num") for c in fused]
-    if all(e is None for e in passed):
+    if all(e is None for e in passed):  # then the callee's default applies, and its assert
+        fn = S.find(S.parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
+        args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):] if fn else []
+        default = next(
+            (ast.unparse(d) for a, d in zip(args, fn.args.defaults) if a.arg == "max_token_num"),
+            None)
+        guard = default and any(
+            isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test)
+            for n in ast.walk(fn))
         return Verdict(
             "before", "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without "
-            "max_token_num" + _callee_default(read))
+            "max_token_num"
+            + (f": the callee's default max_token_num={default} applies" if default else "")
+            + (f" and it asserts the batch has at most {default} tokens" if guard else ""))
     spelled = {ast.unparse(e) for e in passed if e is not None}
     if _PR_FLOOR in spelled:
         return Verdict(
@@ -224,9 +220,9 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
                 refused += 1  # the callee's `assert input_tensor.shape[0] <= max_token_num`
         high_water = hasattr(fc._attn_tp_workspace_manager, "_max_token_num_seen")
     at = [c for c in comm.created if c["step"] >= 0]
-    return dict(recreations=len(at), sizes=[c["max_token_num"] for c in at], steps=[
-        c["step"] for c in at
-    ], preinit_creations=len(comm.created) - len(at), refused_calls=refused,
+    sizes, steps = [c["max_token_num"] for c in at], [c["step"] for c in at]
+    return dict(recreations=len(at), sizes=sizes, steps=steps,
+                preinit_creations=len(comm.created) - len(at), refused_calls=refused,
                 fused_calls=comm.fused_calls, manager_high_water_mark=high_water)
 
 
@@ -312,8 +308,7 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
 
 
 def engine_facts(run) -> list[dict]:
-    """Per engine variant that started (its newest start): its policy, the creations per rank and
-    manager, their sizes, and the rebuild's simulation of every token count the call site saw."""
+    """Per engine variant that started: its creations per rank, their sizes, the simulation."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out: dict = {}
     for i, e in enumerate(run.manifest.engine_runs):
@@ -354,12 +349,10 @@ def engine_facts(run) -> list[dict]:
         sim_sizes = sorted({x.max_token_num for x in mgr.events})
         variant, in_calls = f"{key[0]}+{key[1]}", sum(c.get("events", 0) for c in d["calls"])
         out.pop((world, variant), None)  # a newer start of the variant replaces the older
-        out[(world, variant)] = {
-            "variant": variant, "policy": policy.name, "world": world, "calls": len(d["calls"]),
-            "sim": len(mgr.events), "first_call_ms": first, "call_ms": timed, "per_rank": per_rank,
-            "managers": managers, "sizes": sizes, "in_calls": in_calls, "sim_sizes": sim_sizes,
-            "ms_by_rank": ms_by_rank
-        }
+        out[(world, variant)] = dict(variant=variant, policy=policy.name, world=world, calls=len(
+            d["calls"]), sim=len(mgr.events), first_call_ms=first, call_ms=timed, per_rank=per_rank,
+                                     managers=managers, sizes=sizes, in_calls=in_calls,
+                                     sim_sizes=sim_sizes, ms_by_rank=ms_by_rank)
     return list(out.values())
 
 

@@ -276,9 +276,8 @@ def cost_figure(shown: list):
         W, H = r.manifest.tp, run_hidden(r)
         c = cost_frame(r.df).reset_index()
         g, o = c[c.phase == "create"], c[c.phase == "open"]
-        ax_create.errorbar(g.tokens, g.time_median,
-                           yerr=[g.time_median - g.time_p10,
-                                 g.time_p90 - g.time_median], marker="o", capsize=3, label=f"W={W}")
+        err = [g.time_median - g.time_p10, g.time_p90 - g.time_median]
+        ax_create.errorbar(g.tokens, g.time_median, yerr=err, marker="o", capsize=3, label=f"W={W}")
         ax_open.plot([_lamport_mib(W, T, H) for T in o.tokens], o.time_median, marker="o",
                      label=f"W={W}")
     ax_create.set(xlabel="workspace T (tokens, log2)",
