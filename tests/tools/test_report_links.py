@@ -111,6 +111,31 @@ def test_links_to_notebooks_the_report_wrote_go_to_their_pages(tmp_path):
     assert [h for _, h in HREF.findall(page.read_text())] == [*links.values(), "01_pcg_gate.html"]
 
 
+def test_a_page_stopped_while_its_links_are_rewritten_keeps_its_old_text(tmp_path, monkeypatch):
+    """The rewrite lands whole or not at all: a write cut short (a full disk, a signal) leaves the
+    page as it was, and no partial copy beside it."""
+    for stem in ("00_start_here", "01_pcg_gate"):
+        (tmp_path / f"{stem}.ipynb").write_text("{}")
+    (tmp_path / "01_pcg_gate.html").write_text("page")
+    page = tmp_path / "00_start_here.html"
+    old = '<a href="01_pcg_gate.ipynb">x</a>' * 50
+    page.write_text(old)
+    real = Path.write_text
+
+    def cut_short(self, text, *args, **kwargs):
+        real(self, text[:len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(OSError):
+        pages.link_pages(tmp_path, [page])
+    monkeypatch.undo()
+    assert page.read_text() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "00_start_here.html", "00_start_here.ipynb", "01_pcg_gate.html", "01_pcg_gate.ipynb"
+    ]
+
+
 def test_with_the_code_hidden_no_output_prompt_shows(tmp_path):
     """The ``Out[n]:`` prompt of a result is on the page (the switch shows it with the code), but
     the hidden-code state hides it, keeping its place so that outputs stay in line with the text."""

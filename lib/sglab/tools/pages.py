@@ -215,5 +215,10 @@ def link_pages(folder: Path, written: list[Path]) -> None:
         except OSError:
             continue
         linked = _relink(text, lambda name: to_page(name, page))
-        if linked != text:
-            page.write_text(linked, encoding="utf-8")
+        if linked != text:  # whole or not at all: a page stopped mid-write is its old self
+            tmp = page.with_name(f".{page.name}.{os.getpid()}")
+            try:
+                tmp.write_text(linked, encoding="utf-8")
+                os.replace(tmp, page)
+            finally:
+                tmp.unlink(missing_ok=True)
