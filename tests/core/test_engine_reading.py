@@ -92,6 +92,42 @@ def test_a_rerun_is_held_to_the_runs_of_its_gpu_model_on_as_many_gpus():
     assert not C.held_to(rerun4, x2) and not C.held_to(rerun2, h100)
 
 
+def test_numbers_fold_each_shapes_starts_as_a_plain_groupby_does():
+    """Every committed run's frame, every metric: the starts of each group (rows that differ in
+    start and value alone) fold into their median, lowest, highest and count, in the order the
+    groups first appear; with only_started, the variants that did not start are left out."""
+    checked = 0
+    for exp in ("engine_pcg_gate", "engine_breakable_graph", "engine_swa_loc"):
+        df = R.frame(runs.load_all_recorded(exp))
+        ok = S.started(df)
+        for metric in df.metric.unique():
+            d = df[df.metric == metric].assign(
+                value=lambda d: pd.to_numeric(d["value"], errors="coerce"))
+            if d["start"].nunique() < 2:
+                continue
+            keys = [c for c in d.columns if c not in ("start", "value")]
+            started = [ok.get(tuple(k), False) for k in d[R.KEYS].itertuples(index=False)]
+            for only, rows in ((False, d), (True, d[started])):
+                g = rows.groupby(keys, dropna=False, sort=False)["value"]
+                want = g.agg(value="median", lo="min", hi="max", starts="count").reset_index()
+                pd.testing.assert_frame_equal(S.numbers(df, metric, only_started=only), want)
+                checked += 1
+    assert checked > 50
+
+
+def test_a_runs_rows_are_read_once_and_left_as_they_were():
+    """A run's rows are prepared once and shared by every frame it joins: no frame changes them,
+    and a frame is the same whichever frames were built before it."""
+    found = runs.load_all_recorded("engine_pcg_gate")
+    a, b = found[-2:]
+    before = a.df.copy()
+    fresh = R._frame([runs.Run(a.df.copy(), a.manifest, a.path)])
+    both = R.frame([a, b])
+    pd.testing.assert_frame_equal(R.frame([a]), fresh)
+    pd.testing.assert_frame_equal(a.df, before)
+    assert set(both["run"]) <= {R.run_label(a), R.run_label(b)} and len(both) >= len(fresh)
+
+
 def test_latest_keeps_the_newest_run_in_which_a_variant_started():
     found = runs.load_all_recorded("engine_swa_loc")
     failed = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 
+import numpy as np
 import pandas as pd
 
 from sglab.core import hardware, runs
@@ -42,37 +43,56 @@ def cached(store: OrderedDict, objs: tuple, key: tuple, work, limit: int):
     return hit[1]
 
 
-def _frame(runs_: list) -> pd.DataFrame:
-    parts = []
-    for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.created_utc)):
+def _rows(run) -> tuple:
+    """``(rows, at, combos, has, ok)``: a run's rows with model, TP and run label, each row's index
+    into its distinct ``ids``, which of those have a status row, an ok one; shared: never change."""
+
+    def make():
         df = run.df.copy()
         named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
         df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
         tps = {e["variant"]: int(e.get("tp") or 1) for e in run.manifest.engine_runs}
         tp = df["variant"].map(tps)
         df["tp"] = (df["tp"].fillna(tp) if "tp" in df else tp).fillna(1).astype(int)
-        df["run"], df["_order"] = run_label(run), order
-        parts.append(df)
-    if not parts:
+        df["run"] = run_label(run)
+        cols = ("model", "tp", "tool", "release", "variant", "case")  # these go together
+        ids = pd.DataFrame({c: df[c] if c in df else np.nan for c in cols}).fillna({"tool": ""})
+        at = ids.groupby(list(ids), sort=False, dropna=False).ngroup().to_numpy()
+        has, ok = np.zeros((2, at.max(initial=-1) + 1), bool)
+        status = (df["metric"] == "status").to_numpy()
+        has[at[status]], ok[at[status & (df["value"] == "ok").to_numpy()]] = True, True
+        return df, at, ids.drop_duplicates().reset_index(drop=True), has, ok
+
+    return run.memo("engine rows", make, shared=True) if hasattr(run, "memo") else make()
+
+
+def _frame(runs_: list) -> pd.DataFrame:
+    got = [_rows(r) for r in sorted(runs_, key=lambda r: r.manifest.created_utc)]
+    if not got:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
-    rows = pd.concat(parts, ignore_index=True)
-    # the newest answer per variant of each model, TP size and tool; a variant that the newest run
-    # with an A/A control of its release answered comes from that run alone (same rounds)
-    rows["tool"] = rows["tool"].fillna("") if "tool" in rows else ""
-    key = ["model", "tp", "tool", "variant"]
-    if "case" in rows and "release" in rows:
+    # per run and distinct ids (few, not per row): the newest answer per variant of each model, TP
+    # size and tool; a variant the newest run with its release's A/A control answered comes from it
+    key, ends = ["model", "tp", "tool", "variant"], np.cumsum([0] + [len(g[2]) for g in got])
+    combos = pd.concat([g[2] for g in got], ignore_index=True)
+    combos["_order"] = np.repeat(np.arange(len(got)), np.diff(ends))
+    keep = np.ones(len(combos), bool)
+    if {"case", "release"} <= {c for g in got for c in g[0].columns}:
         group = ["model", "tp", "tool", "release"]
-        ctl = rows[rows["case"].astype(str).str.endswith(AGAIN)].groupby(group)["_order"].max()
-        by = rows[[*group, "variant", "_order"]].merge(ctl.rename("_ctl").reset_index(), how="left")
+        again = combos[combos["case"].astype(str).str.endswith(AGAIN)]
+        ctl = again.groupby(group)["_order"].max().rename("_ctl").reset_index()
+        by = combos[[*group, "variant", "_order"]].merge(ctl, how="left")
         answered = by[by["_order"] == by["_ctl"]][key].drop_duplicates().assign(_by=True)
         by = by.merge(answered, how="left")
-        keep = by["_by"].isna() | (by["_order"] == by["_ctl"])
-        rows = rows[keep.to_numpy()]
-    status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
-    if status.empty:  # a rebuild's run: every variant it has answered
-        status = rows.drop_duplicates([*key, "_order"]).assign(ok=True)
-    pick = status.sort_values(["ok", "_order"]).groupby(key).tail(1)
-    return rows.merge(pick[[*key, "_order"]]).drop(columns="_order")
+        keep = (by["_by"].isna() | (by["_order"] == by["_ctl"])).to_numpy()
+    has, ok = np.concatenate([g[3] for g in got]), np.concatenate([g[4] for g in got])
+    if not (has & keep).any():  # a rebuild's run: every variant it has answered
+        has, ok = np.ones(len(combos), bool), np.ones(len(combos), bool)
+    cand = combos[has & keep].assign(ok=ok[has & keep])
+    pick = cand.sort_values(["ok", "_order"]).groupby(key).tail(1)[[*key, "_order"]]
+    stays = combos.merge(pick.assign(_pick=True), how="left")["_pick"].notna().to_numpy() & keep
+    rows = pd.concat([g[0][stays[a:b][g[1]]] for g, a, b in zip(got, ends, ends[1:])],
+                     ignore_index=True)
+    return rows.assign(tool=rows["tool"].fillna("") if "tool" in rows else "")
 
 
 def merged(runs_: list) -> runs.Run:

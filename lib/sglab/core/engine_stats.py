@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 import pandas as pd
 
 from sglab.core import text
@@ -36,7 +37,7 @@ def texts(df: pd.DataFrame, metric: str) -> dict:
 
 
 def _texts(df: pd.DataFrame, metric: str) -> dict:
-    d = df[df.metric == metric]
+    d = df.iloc[_positions(df).get(metric, np.zeros(0, int))]
     if metric == "status":
         d = d.assign(_ok=d["value"] == "ok").sort_values("_ok", ascending=False, kind="stable")
     return {tuple(k): v for k, v in zip(d[KEYS].itertuples(index=False), d["value"])}
@@ -53,16 +54,31 @@ def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.
 
 
 def _numbers(df: pd.DataFrame, metric: str, only_started: bool) -> pd.DataFrame:
-    d = df[df.metric == metric].copy()
-    d["value"] = pd.to_numeric(d["value"], errors="coerce")
+    at = _positions(df).get(metric, np.zeros(0, int))
+    d = df.iloc[at].assign(value=lambda d: pd.to_numeric(d["value"], errors="coerce"))
     if only_started and not d.empty:
         ok = started(df)
-        d = d[[ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)]]
+        kept = np.array([ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)], bool)
+        d, at = d[kept], at[kept]
     if d.empty or "start" not in d or d["start"].nunique(dropna=True) < 2:
         return d.assign(lo=d["value"], hi=d["value"], starts=1)
     keys = [c for c in d.columns if c not in ("start", "value")]
-    g = d.groupby(keys, dropna=False, sort=False)["value"]
-    return g.agg(value="median", lo="min", hi="max", starts="count").reset_index()
+    # numbered in the frame's order of appearance: so are these groups
+    _, first, of = np.unique(_groups(df)[at], return_index=True, return_inverse=True)
+    g = d["value"].groupby(of).agg(value="median", lo="min", hi="max", starts="count")
+    return pd.concat([d.iloc[first][keys].reset_index(drop=True), g.reset_index(drop=True)], axis=1)
+
+
+def _positions(df: pd.DataFrame) -> dict:
+    """``{metric: its rows' positions}``; once per frame."""
+    return cached(_MEMO, (df,), ("at",), lambda: df.groupby("metric", sort=False).indices, 512)
+
+
+def _groups(df: pd.DataFrame) -> np.ndarray:
+    """Each row's group (the rows that differ in start and value alone), in order of appearance."""
+    keys = [c for c in df.columns if c not in ("start", "value")]
+    return cached(_MEMO, (df,), ("groups",),
+                  lambda: df.groupby(keys, dropna=False, sort=False).ngroup().to_numpy(), 512)
 
 
 def reading(df: pd.DataFrame, metric: str, stat: str = "median") -> pd.DataFrame:

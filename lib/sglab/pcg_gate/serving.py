@@ -63,8 +63,8 @@ def aa_gaps(df: pd.DataFrame) -> pd.Series:
 
 # -- the full-width claims' checks (claims.ENGINE: full_width_ttft and its folded checks) -----
 def _serving(run):
-    """The run's full-width serving frame (empty for any other run)."""
-    return frame(runs.RunSet([run], []))
+    """The run's full-width serving frame (empty for any other run); shared: never change it."""
+    return run.memo("full-width serving", lambda: frame(runs.RunSet([run], [])), shared=True)
 
 
 def served(run):
@@ -92,8 +92,13 @@ def ttft(run):
 
 
 def _full_bench(run):
-    df = engine_records.frame([run])
-    return df[df["model"].isin(tables.FULL_WIDTH) & (df["tool"] == "bench")]
+    """The run's full-width bench_one_batch rows; shared: never change them."""
+    df = engine_records.frame([run])  # one per run
+
+    def wide():
+        return df[df["model"].isin(tables.FULL_WIDTH) & (df["tool"] == "bench")]
+
+    return run.memo("full-width bench", wide, shared=True)
 
 
 def benched(run):

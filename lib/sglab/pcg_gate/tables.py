@@ -334,7 +334,8 @@ KERNEL_TIMES = (("prefill_gpu_ms", "all kernels"), ("prefill_attention_ms", "att
 
 def _per_case(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """``metric`` (starts' median) of the full-width models per prompt tokens, a column per case."""
-    d = engine_stats.numbers(df[df["model"].isin(FULL_WIDTH)], metric) if not df.empty else df
+    d = engine_stats.numbers(df, metric) if not df.empty else df
+    d = d[d["model"].isin(FULL_WIDTH)] if not d.empty else d
     d = d[d.release == sglang.FULL_BENCH.releases[-1]] if not d.empty else d
     if d.empty:
         return pd.DataFrame()
