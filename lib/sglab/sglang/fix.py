@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from sglab.core import engine_records
-
 
 REPO = "sgl-project/sglang"
 
@@ -86,4 +84,6 @@ class Fix:
 
     def recorded_engine(self):
         """This fix's recorded real-engine runs, or a NoRun saying how to record them."""
+        from sglab.core import engine_records  # here: release workers, which never read it, skip it
+
         return engine_records.load(self.name, self.number)
