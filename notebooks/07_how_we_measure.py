@@ -60,11 +60,11 @@ method.banner(MODE, sum(len(rs.every()) for _, rs, _, _ in found if rs), len(fou
 paired = {
     f.number: (rs, p)
     for f, rs, view, _ in found if rs
-    for p in getattr(view, "pairs", ())[:1] if method.example_run(rs, p.base)
+    for p in getattr(view, "pairs", ())[:1] if method.example_run(rs, p.base, p.metric)
 }
 first = next(iter(paired))
 rs, p = paired[first]
-example = method.example_run(rs, p.base)
+example = method.example_run(rs, p.base, p.metric)
 print(f"the newest run notebook {first} shows with an A/A control: "
       f"{engine_records.run_label(example)}")
 show_table(method.launch_order(example))
@@ -72,7 +72,7 @@ show_table(method.launch_order(example))
 
 def taken_apart(fix: str, x: int) -> pd.DataFrame:
     rs, p = paired[fix]
-    run = method.example_run(rs, p.base)
+    run = method.example_run(rs, p.base, p.metric)
     one = method.one_timing(run, p.metric, p.across, p.base, p.cases, x)
     out = one.map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)  # one precision per cell
     out.columns.name = f"{engine_records.run_label(run)}: {one.columns.name}"  # which run

@@ -100,7 +100,21 @@ def test_one_timing_shows_each_start_and_the_statistics_read_of_them():
             row["fastest repeat of any start"]) == (22.0, 20.0, 8.0)
     assert row["spread between starts"] == "50.0%" and got.loc["pcg", "spread between starts"] \
         == "0.0%"
-    assert M.example_run(runs.RunSet([_run(t)]), "pcg") is None  # no copy of pcg: no example
+    assert M.example_run(runs.RunSet([_run(t)]), "pcg", "prefill") is None  # no copy of pcg
+
+
+def test_the_example_run_is_the_newest_that_timed_the_metric_with_its_control():
+    """A newer run of the same cases that timed something else (a serving run: TTFT, no prefill
+    step) is passed over for the newest run that timed the metric asked for."""
+    t = {(c, s): {128: 10.0} for c in ("pcg-off", "pcg-off-again", "pcg") for s in range(3)}
+    older, newer = _run(t), _run(t, created="2026-11-29T10:00:00Z")
+    newer = runs.Run(newer.df.assign(metric=newer.df.metric.replace("prefill", "ttft")),
+                     newer.manifest, newer.path)
+    rs = runs.RunSet([older, newer])
+    assert M.example_run(rs, "pcg-off", "ttft") is newer
+    assert M.example_run(rs, "pcg-off", "prefill") is older
+    assert list(M.one_timing(older, "prefill", "input_len",
+                             "pcg-off").index)[:2] == ["pcg-off", "pcg-off-again"]
 
 
 def test_the_aa_control_is_read_each_way_and_the_statistic_with_the_smallest_gap_named():

@@ -195,8 +195,8 @@ _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
 @dataclass(frozen=True)
 class Headline:
     """The numbers sentence of a fix: ``parts`` (dropped where a value is missing) over ``v[id]``
-    (the first shown run), ``lo[...]``/``hi[...]``, ``consts`` and ``runs`` (``per_run`` of each
-    shown run, with ``gpu``, ``count``, ``world``, and ``across`` over its peers)."""
+    and ``gpu`` (the first shown run), ``lo[...]``/``hi[...]``, ``consts`` and ``runs``
+    (``per_run`` of each shown run, with ``gpu``, ``count``, ``world``, and ``across``)."""
 
     parts: tuple
     per_run: str = ""
@@ -220,7 +220,7 @@ class Headline:
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
             run_texts += [t for t in [_format(self.per_run, ns)] if t is not None]
         ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi,
-                  runs=self.run_sep.join(run_texts))
+                  runs=self.run_sep.join(run_texts), gpu=shown[0][0].manifest.gpu if shown else "")
         kept = [_format(part, ns) for part in self.parts if run_texts or "{runs}" not in part]
         return _SAME_RANGE.sub(r"\1", self.sep.join(t for t in kept if t is not None))
 

@@ -51,23 +51,23 @@ def launch_order(run) -> pd.DataFrame:
     return out.set_index(["model", "release", "round"]) if rows else out
 
 
-def _with_control(run, base: str) -> tuple | None:
-    """The first (model, release) of a run that started ``base`` and its A/A copy."""
-    df = frame([run])
+def _with_control(run, base: str, metric: str) -> tuple | None:
+    """The first (model, release) of a run that timed ``metric`` in ``base`` and its A/A copy."""
+    df = frame([run]).loc[lambda d: d.metric == metric]
     got = {tuple(k) for k in df[KEYS].drop_duplicates().itertuples(index=False)}
     return next(((m, r) for m, r, c in sorted(got) if c == base + AGAIN and (m, r, base) in got),
                 None)
 
 
-def example_run(rs, base: str):
-    """The newest shown run that holds ``base`` and its A/A copy ``base-again`` (None: none)."""
+def example_run(rs, base: str, metric: str):
+    """The newest shown run that timed ``metric`` in ``base`` and its A/A copy (None: none)."""
     return next((r for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True)
-                 if _with_control(r, base)), None)
+                 if _with_control(r, base, metric)), None)
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
     """How one timing of ``run`` is made at ``across`` nearest ``x``, per case and start."""
-    model, rel = _with_control(run, base)
+    model, rel = _with_control(run, base, metric)
     df = frame([run])
     df = df[(df.model == model) & (df.release == rel)]
     xs = pd.to_numeric(df[across], errors="coerce")

@@ -451,11 +451,11 @@ ENGINE = SimpleNamespace(
     HEADLINE=Headline(
         parts=(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "
-            f"bench_serving, one GPU) enforced ÷ off TTFT is {{v[{_T}][128x1]:.2f}}× at 128-token "
-            f"prompts and {{v[{_T}][2048x1]:.2f}}× at 2048, and decode does not change: TPOT "
-            f"with one request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
-            f"{{v[{_DE}][tpot_bound]:.1%}}), the decode step within "
-            f"{{v[{_DE}][decode_worst]:.1%}} (bound {{v[{_DE}][decode_bound]:.1%}})",
+            f"bench_serving, one {{gpu}}) enforced ÷ off TTFT is {{v[{_T}][128x1]:.2f}}× at "
+            f"128-token prompts and {{v[{_T}][2048x1]:.2f}}× at 2048, and decode does not change: "
+            f"TPOT with one request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
+            f"{{v[{_DE}][tpot_bound]:.1%}}), the decode step within {{v[{_DE}][decode_worst]:.1%}} "
+            f"(bound {{v[{_DE}][decode_bound]:.1%}})",
             f"bench_one_batch's pcg-off ÷ enforced prefill there is {{v[{_P}][{_FULL}][128 "
             f"tokens]:.2f}}× at 128 tokens and {{v[{_P}][{_FULL}][2048 tokens]:.2f}}× at 2048, a "
             f"captured step launching {{v[{_L}][{_KF} enforce][kernels_min]}} kernels + "
