@@ -57,9 +57,7 @@ def _category(ev) -> str:
         return "range"
     if _is_device(ev):
         return {"Memcpy": "memcpy", "Memset": "memset"}.get(name[:6], "kernel")
-    if name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
-        return "runtime"
-    return "op"
+    return "runtime" if name.startswith(("cuda", "cu")) and not name.startswith("cudnn") else "op"
 
 
 def on_device(lanes):

@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except (procs.Terminated, KeyboardInterrupt) as e:  # what the command started is stopped
+        if argv is None:  # the program itself: a second Ctrl-C cannot cut its exit short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"sglab {args.cmd}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
