@@ -85,7 +85,10 @@ def keep(out: Path, said: str, key: str) -> None:
     (tmp / SAID).write_text(said)
     for old in (CACHE.glob("[0-9a-f]*") if CACHE.exists() else []):
         shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(CACHE / key)
+    try:
+        tmp.rename(CACHE / key)
+    except OSError:  # another session kept the same run meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def session_folder(tmp_path_factory) -> Path:
