@@ -3,13 +3,11 @@ checks, the checks folded under them; the engine's two (``ENGINE``); the review 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from sglab.breakable_graph import show
 from sglab.breakable_graph.measure import EXPERIMENT, GPUS, launch_numbers, stream
 from sglab.core import engine_records, engine_stats, runs
 from sglab.core.card import Card
-from sglab.core.claims import Claim, Headline, holds, not_applicable
+from sglab.core.claims import Claim, Headline, engine_claims, holds, not_applicable
 from sglab.sglang.releases import parse_version
 
 
@@ -245,7 +243,7 @@ def _timed(run):
 
 _G = "engine_breakable_graph.graph_per_request_count"
 _F = "engine_breakable_graph.faster_than_eager"
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_breakable_graph",
     CLAIM="In SGLang's own engine (Llama-style 32 x 512, dummy weights), "
     "--enable-breakable-cuda-graph runs a prefill of several requests on the graph only from "
@@ -267,7 +265,7 @@ ENGINE = SimpleNamespace(
                f"{AFTER_RELEASE}, {{lo[{_F}][requests_min]}}–{{hi[{_F}][requests_max]}} requests, "
                "one Engine.generate call of 1 output token: {runs}."),
         per_run=f"{{gpu}} {{v[{_F}][min]:.2f}}–{{v[{_F}][max]:.2f}}× (A/A gap "
-        f"{{v[{_F}][aa_noise]:.1%}})"), shown=lambda runs_: list(runs_))
+        f"{{v[{_F}][aa_noise]:.1%}})"))
 
 # -- the review card -------------------------------------------------------------------------------
 _B = _ID + "before_bs3_one_row"

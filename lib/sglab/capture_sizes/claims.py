@@ -4,14 +4,12 @@ they rest on folded under them, the review card and the real engine's claims. Tr
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import show
 from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists  # noqa: F401
 from sglab.core import runs
 from sglab.core.card import Card
-from sglab.core.claims import Claim, Headline, holds
+from sglab.core.claims import Claim, Headline, engine_claims, holds
 
 
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP "
@@ -316,7 +314,7 @@ def _engine_filter(run):
 
 _F = "engine_capture_sizes.unfiltered_release_fails"
 _K = "engine_capture_sizes.filtered_release_captures_pr_filter"
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_capture_sizes",
     CLAIM="SGLang's own engine (a DeepSeek-V3-style tiny model, dummy weights, "
     "`--moe-dense-tp-size 1`): a release without #23972's filter fails at start-up on capture "
@@ -338,8 +336,7 @@ ENGINE = SimpleNamespace(
         parts=(f"{{v[{_F}][releases]}} fails at start-up at attention TP {{v[{_F}][tps]}}: "
                f"`{{v[{_F}][message]}}`.",
                f"{{v[{_K}][release]}} starts at TP {{v[{_K}][tps]}} and captures what the "
-               f"rebuild's filter keeps ({{v[{_K}][each]}})."),
-        sep=" "), shown=lambda runs_: list(runs_))
+               f"rebuild's filter keeps ({{v[{_K}][each]}})."), sep=" "))
 
 # -- the review card (sglab.core.card): the PR's words are its own code comment --------------------
 _T8, _MB = "capture_sizes.cpu_tp8_drops_4_12_20_28", "capture_sizes.cpu_mul_base_not_lcm"

@@ -9,6 +9,7 @@ import math
 import re
 import string
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 
@@ -169,6 +170,12 @@ def table(results: list[Result]):
 # -- what readers see: the README index, the notebooks' first screens and the report use these -----
 def shown(mod, runs_: list) -> list:
     return list(mod.shown(runs_)) if runs_ else []
+
+
+def engine_claims(**parts) -> SimpleNamespace:
+    """A fix's engine claims, read as its claims module is (``CLAIMS``, ``HEADLINE``, ...); every
+    run given is shown (a rebuild's ``shown`` keeps the newest per GPU model)."""
+    return SimpleNamespace(shown=list, **parts)
 
 
 class _Missing(Exception):

@@ -5,10 +5,8 @@ Numbers are NVML's per-process MiB on one GPU: 0 exactly where the fix promises 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from sglab.core.card import Card
-from sglab.core.claims import Claim, Headline, holds
+from sglab.core.claims import Claim, Headline, engine_claims, holds
 from sglab.core.runs import gpu_short, newest
 from sglab.core.text import count
 from sglab.grid_thw import series, show
@@ -412,7 +410,7 @@ def _engine_every_gpu(run):
 
 _E0 = "engine_grid_thw.rank_contexts_on_gpu0"
 _E2 = "engine_grid_thw.contexts_on_every_visible_gpu"
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_grid_thw",
     CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2 and 4), every "
     "scheduler rank ≥ 1 holds memory on GPU 0 when #22858's `.cpu()` is reverted, and none "
@@ -435,7 +433,6 @@ ENGINE = SimpleNamespace(
             "before: every rank ≥ 1 on GPUs 0…N−1; released: each rank on its own GPU (exact)",
             _engine_every_gpu, applies=_engine_sees_more, drift=CONTEXT_DRIFT)
     ],
-    shown=lambda runs_: list(runs_),
     # one sentence per GPU model, from its runs merged (the newest answer per case)
     HEADLINE=Headline(
         parts=("{runs}",), run_sep="; ",

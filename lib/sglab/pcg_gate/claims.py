@@ -5,11 +5,10 @@ method 3 the launch-bound claims read relative to the host's per-launch cost mea
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 from sglab.core import engine_records, engine_stats, runs
 from sglab.core.card import Card
-from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
+from sglab.core.claims import NA, Claim, Headline, Outcome, engine_claims, holds, not_applicable
 from sglab.core.text import span
 from sglab.pcg_gate import rebuild, serving, sglang, tables
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
@@ -409,7 +408,7 @@ def _per_release(cid: str) -> str:
     return ", ".join(f"{{v[{cid}][{rel}]}} on {rel}" for rel in sglang.ENGINE[0].releases)
 
 
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_pcg_gate",
     CLAIM="In SGLang's own engine (dummy weights), piecewise graphs reach Kimi-K2.5 only where "
     "they are asked for, and only from #26382 on: by default ServerArgs turns them off for a "
@@ -446,7 +445,6 @@ ENGINE = SimpleNamespace(
             serving.ttft, drift=0.1, context=("aa_noise", "starts"), noise="aa_noise",
             applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE, _FULL_ATTENTION))
     ],
-    shown=lambda runs_: list(runs_),
     # the card's engine answer, one merged run per GPU model: real widths, the gate, the tiny model
     HEADLINE=Headline(
         parts=(

@@ -3,12 +3,11 @@ the instrument checks folded under the first, the review card, and the real engi
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 from sglab.core import runs
 from sglab.core.card import Card
-from sglab.core.claims import Claim, Headline, holds
+from sglab.core.claims import Claim, Headline, engine_claims, holds
 from sglab.core import engine_records, engine_stats, kernel_table
 from sglab.core.text import count, span
 from sglab.swa_loc import model_config, show
@@ -329,7 +328,7 @@ def _counts_exact(run):
                              if split else f"{seen} kernels in each of its {starts} starts"), value)
 
 
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_swa_loc",
     CLAIM=f"In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
     f"dummy weights), reverting #23552's preset adds the rebuild's {EXTRA_PER_SWA_LAYER} kernels "
@@ -346,7 +345,7 @@ ENGINE = SimpleNamespace(
             "every engine start, so a rerun on any machine must find the same count",
             "one count per release and case over its starts (exact; --against: equal)",
             _counts_exact, applies=_counts_apply)
-    ], shown=lambda runs_: list(runs_), HEADLINE=Headline(
+    ], HEADLINE=Headline(
         parts=("0.5.11's decode-graph replay, as released → with the preset reverted: {runs}",
                f"+{{v[{_E}][extra]}} over {{v[{_E}][swa_layers]}} SWA layers, "
                f"{{v[{_E}][per_swa_layer]:g}} per SWA layer."),

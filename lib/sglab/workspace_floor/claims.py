@@ -3,12 +3,11 @@ folded under them, the headline, the review card and the real engine's claims (`
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 from sglab.core import runs, text
 from sglab.core.card import Card
-from sglab.core.claims import Claim, Headline, holds
+from sglab.core.claims import Claim, Headline, engine_claims, holds
 from sglab.workspace_floor import rebuild, sglang, show, traces
 from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT, GPUS, run_hidden  # noqa: F401
 from sglab.workspace_floor.rebuild import MiB, label
@@ -384,7 +383,7 @@ def _engine_none_per_step(run):
 
 _EQ, _NONE = "engine_workspace_floor.creations_equal_simulation", \
     "engine_workspace_floor.no_creation_per_forward_step"
-ENGINE = SimpleNamespace(
+ENGINE = engine_claims(
     EXPERIMENT="engine_workspace_floor",
     CLAIM="In the shipped engine the floor changes nothing: `pre_initialize_workspaces` creates "
     "every rank's workspaces before graph capture, and a larger step is never fused, so no forward "
@@ -409,8 +408,7 @@ ENGINE = SimpleNamespace(
         per_run=f"{{gpu}} TP {{v[{_EQ}][tp]}}: {{v[{_EQ}][per_rank]}} creations per rank, all at "
         f"{{v[{_EQ}][sizes]}} tokens at start-up and {{v[{_NONE}][in_calls]}} in "
         f"{{v[{_NONE}][calls]}} generate calls, for the {{v[{_EQ}][policies]}} alike (the "
-        f"rebuild's simulation with that pre-initialisation: {{v[{_EQ}][sim]}} per manager)"),
-    shown=lambda runs_: list(runs_))
+        f"rebuild's simulation with that pre-initialisation: {{v[{_EQ}][sim]}} per manager)"))
 
 # -- the review card -------------------------------------------------------------------------------
 _FOUND = ((
