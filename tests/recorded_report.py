@@ -29,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "reports" / ".recorded-cache"
 SAID = "said.txt"  # what the run printed, beside its folder
+HERE = "{report}"  # in a kept said.txt, the folder the run wrote
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +46,7 @@ def recorded_report(tmp_path_factory) -> tuple[Path, str]:
             kept = CACHE / key / "report"
             if os.environ.get("SGLAB_FRESH_REPORT") != "1" and (kept.parent / SAID).exists():
                 shutil.copytree(kept, out)
-                said.write_text((kept.parent / SAID).read_text())
+                said.write_text(said_for(kept, out))
             else:
                 env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
                 env["SGLAB_REAL"] = "auto"
@@ -82,13 +83,18 @@ def keep(out: Path, said: str, key: str) -> None:
     tmp = CACHE / f".{key}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(out, tmp / "report")
-    (tmp / SAID).write_text(said)
+    (tmp / SAID).write_text(said.replace(str(out), HERE))  # a copy names its own folder
     for old in (CACHE.glob("[0-9a-f]*") if CACHE.exists() else []):
         shutil.rmtree(old, ignore_errors=True)
     try:
         tmp.rename(CACHE / key)
     except OSError:  # another session kept the same run meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def said_for(kept: Path, out: Path) -> str:
+    """What the kept run ``kept`` printed, naming ``out``, where it is copied, as its folder."""
+    return (kept.parent / SAID).read_text().replace(HERE, str(out))
 
 
 def session_folder(tmp_path_factory) -> Path:

@@ -41,3 +41,12 @@ def test_a_kept_run_replaces_the_one_before_it_whole(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["bbbb"]
     assert (tmp_path / "cache" / "bbbb" / "report" / "index.html").read_text() == "second"
     assert (tmp_path / "cache" / "bbbb" / R.SAID).read_text() == "8/8 ok (second)"
+
+
+def test_a_copy_of_a_kept_run_names_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "CACHE", tmp_path / "cache")
+    out, copy = tmp_path / "run" / "recorded-report", tmp_path / "later" / "recorded-report"
+    out.mkdir(parents=True)
+    R.keep(out, f"8/8 ok; index: {out}/index.html", "cccc")
+    said = R.said_for(tmp_path / "cache" / "cccc" / "report", copy)
+    assert said == f"8/8 ok; index: {copy}/index.html" and str(out) not in said
