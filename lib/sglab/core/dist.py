@@ -17,6 +17,7 @@ import traceback
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -220,6 +221,7 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         ok, why = hardware.meets(world_size)
         if not ok:
             raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
+    ours = resource_tracker._resource_tracker._pid is None  # the ranks' queue starts one
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
                    or {}, start_method)
     deadline = time.monotonic() + timeout_s
@@ -234,7 +236,11 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
                 raise ranks.deadline_error(timeout_s)
         for p in ranks.procs:
             p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
-        return [ranks.out[r] for r in range(world_size)]
+        out = [ranks.out[r] for r in range(world_size)]
+    del ranks, p  # the queue's semaphores released (and untracked) before the tracker ends
+    if ours and mp.active_children() == []:  # it ignores SIGTERM: a Jupyter kernel keeping it is
+        resource_tracker._resource_tracker._stop()  # killed 2.5 s into shutdown, exit skipped
+    return out
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
