@@ -1,8 +1,10 @@
 """sglab.core.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback,
 nothing hangs, nothing is left running."""
 
+import gc
 import multiprocessing as mp
 import os
+import threading
 import time
 from multiprocessing import resource_tracker
 
@@ -29,11 +31,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _no_tracker() -> None:
+    """None runs before the launches: queues of earlier tests (a failed launch's, kept by its
+    traceback) finalized first, so the tracker has nothing to clean up when it stops."""
+    gc.collect()
+    TRACKER._stop()
+
+
 def test_all_reduce_two_ranks_returns_rows_by_rank(capfd):
     """... and the resource tracker the ranks' queue started is stopped after them, the queue
     released first. The tracker ignores SIGTERM: a Jupyter kernel that still had one took 2.6 s to
     shut down, ended by SIGTERM (its exit handlers skipped, a /tmp/pymp-* folder left)."""
-    TRACKER._stop()  # none runs before this launch
+    _no_tracker()
     out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120)
     assert [rows[0]["rank"] for rows in out] == [0, 1]
     assert [rows[0]["sum"] for rows in out] == [3.0, 3.0]
@@ -41,6 +50,43 @@ def test_all_reduce_two_ranks_returns_rows_by_rank(capfd):
     assert mp.active_children() == []
     assert TRACKER._pid is None
     assert "leaked" not in capfd.readouterr().err  # the tracker found nothing left to clean up
+
+
+def test_launches_at_once_leave_the_tracker_to_the_last_to_end(monkeypatch, capfd):
+    """Threads run launches at once (05's groups): the tracker is stopped when the last of them
+    ends, not by one that ends while another has set its queue up and not started its ranks (the
+    tracker then unlinked that queue's semaphores, and its ranks could not open them)."""
+    _no_tracker()
+    a_set_up, b_set_up, a_done = threading.Event(), threading.Event(), threading.Event()
+    real, got = dist._Ranks.__init__, {}
+
+    def init(self, *args):  # a's queue first (so a finds no tracker), then b's; a ends, b starts
+        real(self, *args)
+        in_b = threading.current_thread().name == "b"
+        mine, other = (b_set_up, a_done) if in_b else (a_set_up, b_set_up)
+        mine.set()
+        other.wait(60)
+
+    def b():
+        a_set_up.wait(60)
+        try:
+            got["b"] = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=60)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            got["b"] = e
+
+    monkeypatch.setattr(dist._Ranks, "__init__", init)
+    t = threading.Thread(target=b, name="b")
+    t.start()
+    try:
+        a = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=60)
+        assert TRACKER._pid is not None  # b's queue still needs it
+    finally:
+        a_done.set()
+        t.join(90)
+    assert not isinstance(got["b"], Exception), got["b"]
+    assert [rows[0]["sum"] for rows in (*a, *got["b"])] == [3.0] * 4
+    assert TRACKER._pid is None and mp.active_children() == []
+    assert "leaked" not in capfd.readouterr().err
 
 
 def test_rank_exception_surfaces_with_traceback():
@@ -111,6 +157,6 @@ def test_forkserver_ranks_and_no_server_left():
     assert forkserver._forkserver._forkserver_pid is None  # the server is gone too
     assert mp.active_children() == []
     assert tracker is not None and TRACKER._pid == tracker and _alive(tracker)
-    TRACKER._stop()
+    _no_tracker()
     with pytest.raises(ValueError, match="start_method"):
         dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", start_method="fork")

@@ -12,6 +12,7 @@ import queue as queue_mod
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import suppress
@@ -221,26 +222,42 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         ok, why = hardware.meets(world_size)
         if not ok:
             raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
-    ours = resource_tracker._resource_tracker._pid is None  # the ranks' queue starts one
-    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
-                   or {}, start_method)
-    deadline = time.monotonic() + timeout_s
-    # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
-    with procs.Guard(watchdog=False), ranks:
-        for p in ranks.procs:
-            p.start()
-        while len(ranks.out) < world_size:
-            ranks.receive()
-            ranks.check_exits()
-            if time.monotonic() > deadline:
-                raise ranks.deadline_error(timeout_s)
-        for p in ranks.procs:
-            p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
-        out = [ranks.out[r] for r in range(world_size)]
-    del ranks, p  # the queue's semaphores released (and untracked) before the tracker ends
-    if ours and mp.active_children() == []:  # it ignores SIGTERM: a Jupyter kernel keeping it is
-        resource_tracker._resource_tracker._stop()  # killed 2.5 s into shutdown, exit skipped
+    with _Tracker():
+        ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s,
+                       env or {}, start_method)
+        deadline = time.monotonic() + timeout_s
+        # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
+        with procs.Guard(watchdog=False), ranks:
+            for p in ranks.procs:
+                p.start()
+            while len(ranks.out) < world_size:
+                ranks.receive()
+                ranks.check_exits()
+                if time.monotonic() > deadline:
+                    raise ranks.deadline_error(timeout_s)
+            for p in ranks.procs:
+                p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+            out = [ranks.out[r] for r in range(world_size)]
+        del ranks, p  # the queue's semaphores released (and untracked) before the tracker ends
     return out
+
+
+class _Tracker:
+    """Around each launch: the resource tracker that the ranks' queues start is stopped when the
+    last launch of this process ends well (threads run several at once; a failed one's queue may
+    outlive it in its traceback). It ignores SIGTERM: a Jupyter kernel keeping one was killed."""
+    lock, running, ours = threading.Lock(), 0, False
+
+    def __enter__(self) -> None:
+        with (cls := type(self)).lock:
+            cls.ours = cls.ours if cls.running else resource_tracker._resource_tracker._pid is None
+            cls.running += 1
+
+    def __exit__(self, failed, *_) -> None:
+        with (cls := type(self)).lock:
+            cls.running, cls.ours = cls.running - 1, cls.ours and failed is None
+            if cls.running == 0 and cls.ours and mp.active_children() == []:
+                resource_tracker._resource_tracker._stop()
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
