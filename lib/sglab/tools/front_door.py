@@ -185,72 +185,17 @@ def reading_markdown() -> str:
 
 
 # -- the glossary: (term, other spellings the notebooks use, definition) ---------------------------
-GLOSSARY = (
-    ("PCG", ("piecewise CUDA graph",),
-     "Piecewise CUDA graph: prefill captured as the pieces between attention calls, one set per "
-     "token count, attention run eagerly between them (`PiecewiseCudaGraphRunner`). 01, 06."),
-    ("BCG", ("breakable CUDA graph",),
-     "Breakable CUDA graph: prefill captured as graph segments cut at functions marked "
-     "`@eager_on_graph` (attention), sharing one memory pool; `--enable-breakable-cuda-graph`, "
-     "experimental; `[BCG]` starts its log lines. 03."),
-    ("capture size", ("capture sizes",),
-     "A token count (PCG, BCG) or batch size (decode) a graph is captured for; a batch is padded "
-     "up to the next one. 06."),
-    ("TP", ("attention TP", "attention-TP", "tensor parallelism"),
-     "Tensor parallelism, `--tp-size N`: each weight split over N GPUs (ranks), partial results "
-     "summed by an all-reduce. Attention TP = TP ÷ DP (with `--enable-dp-attention`) ÷ CP."),
-    ("DP attention", ("DP",),
-     "`--enable-dp-attention`: attention runs data-parallel (each group its own requests), the "
-     "rest of the model tensor-parallel."),
-    ("CP", ("context parallelism",),
-     "Attention context parallelism, `--attn-cp-size`: the ranks of an attention group split a "
-     "prefill's tokens between them."),
-    ("TBO", ("two-batch overlap",),
-     "Two-batch overlap, `--enable-two-batch-overlap`: a batch runs as two micro-batches so that "
-     "one's communication overlaps the other's compute; the decode graph runner then doubles its "
-     "size base. 06."),
-    ("TTFT, TPOT, E2E", ("TTFT", "TPOT", "E2E"),
-     "What `bench_serving` reports per request: time to first token (queueing and prefill), time "
-     "per output token after the first (decode steps, and any prefill that runs between them), "
-     "and end-to-end latency. 01."),
-    ("MLA, MHA", ("MLA", "MHA", "multi-head latent attention"),
-     "Multi-head latent attention (DeepSeek-V3, Kimi-K2.5): keys and values kept as one small "
-     "latent vector per token (`kv_lora_rank` 512 + a 64-wide rotary part). Absorbed (MLA), "
-     "attention works in that latent (decode, and prefill inside a piecewise graph); as MHA "
-     "(multi-head attention), each token's latent is first expanded into per-head keys and values "
-     "(SGLang's eager prefill). 01, 06."),
-    ("SWA", ("sliding-window",),
-     "Sliding-window attention: a layer that attends to the last W tokens only; its KV lives in a "
-     "smaller pool of its own. 04."),
-    ("KV", ("KV cache", "K/V"),
-     "The keys and values of every token seen, kept per layer in a pool of slots (the KV cache)."),
-    ("Lamport buffer", ("Lamport",),
-     "The third buffer of the allreduce-fusion workspace (three times the data size), filled with "
-     "-0.0: a peer's write replaces the -0.0, so a reader polls its slots instead of waiting at a "
-     "barrier. 02."),
-    ("hwm", ("high-water mark",),
-     "High-water mark: from 0.5.14 the workspace manager remembers the largest size it was asked "
-     "for and never creates a smaller workspace; 0.5.12.post1 and 0.5.13 keep none. 02."),
-    ("IPC", ("CUDA IPC",),
-     "A handle through which another process opens a GPU allocation: how the workspace's buffers "
-     "and the tensors sent between SGLang's processes are shared. 02, 05."),
-    ("A/A control", ("A/A",),
-     "The same configuration started twice (its label ends in `-again`): the gap between the two "
-     "is the run's own noise, and a claimed gain must clear it. 07."),
-    ("dummy weights", ("dummy",),
-     "`--load-format dummy`: random weights in a real model's shapes (its `config.json`) with a "
-     "tokenizer written here, so an engine runs the real kernels with nothing downloaded."),
-    ("harness adjustment", ("adjustment", "adjustments"),
-     "A change the harness makes to a release's engine run (environment variables, or a patch run "
-     "in every engine process), named with its reason in the run's manifest: e.g. a PR's hunk "
-     "reverted, or what a model needs to run with dummy weights."),
-    ("shim", ("shims",),
-     "A stand-in module that lets a real release import on a machine without its GPU stack: "
-     "triton's stub, torchvision and `sgl_kernel` whose functions raise when called. `sglab env` "
-     "lists each release's."), (
-         "recorded run, live run", ("recorded", "live"),
-         "Live: measured on this machine now (saved under `data/runs/`). Recorded: a committed run "
-         "under `data/recorded/`, shown with its GPU, count, driver, torch and date."))
+def _glossary() -> tuple:
+    """docs/glossary.md's entries: ``## term``, a line ``Also: a; b``, a blank line, the meaning."""
+    from sglab.core.runs import repo_root
+
+    text = (repo_root() / "docs" / "glossary.md").read_text(encoding="utf-8")
+    parts = (entry.strip().split("\n", 2) for entry in text.split("\n## ")[1:])
+    return tuple((term, tuple(also.removeprefix("Also: ").split("; ")), " ".join(meaning.split()))
+                 for term, also, meaning in parts)
+
+
+GLOSSARY = _glossary()
 
 
 def glossary_markdown() -> str:
