@@ -3,6 +3,7 @@ is copied into the report's ``files/`` and linked there; a link to another noteb
 to its page, not its ``.ipynb``; and with the code hidden, no ``Out[n]:`` prompt shows."""
 
 import re
+import types
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -85,6 +86,27 @@ def test_a_linked_data_file_is_copied_into_the_report_and_linked_there(
     assert 'href="#top"' in text
     copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert copied == ["04_swa_loc.html", "05_grid_thw.html", f"files/recorded/swa_loc/{trace.name}"]
+
+
+def test_the_executed_copy_links_the_reports_copies_as_its_page_does(checkout, tmp_path,
+                                                                     monkeypatch):
+    """The report's ``.ipynb``, opened wherever the report went, links the same ``files/`` copies
+    as its page: in markdown cells and in shown outputs, markdown or HTML; links elsewhere stay."""
+    trace = next((checkout / "data").rglob("*.trace.json.gz"))
+    rel, copy = (f"{d}recorded/swa_loc/{trace.name}" for d in ("../data/", "files/"))
+    nb = _page_linking(f"Perfetto file: [trace]({rel})", f"[the trace]({rel}) [me](../README.md)")
+    html_out = {"text/html": f'<a href="{rel}">t</a>', "text/plain": "t"}
+    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data=html_out))
+    ran = types.SimpleNamespace(nb=nb, status="ok", mode="recorded", seconds=1.0)
+    monkeypatch.setattr(pages.nbtools, "execute", lambda *a, **k: ran)
+    out = tmp_path / "report"
+    out.mkdir()
+    pages.run_one(checkout / "notebooks" / "04_swa_loc.ipynb", out, None, 60, html_pages=False)
+    cells = nbformat.read(out / "04_swa_loc.ipynb", 4).cells
+    assert f"[the trace]({copy}) [me](../README.md)" in cells[0].source
+    assert cells[1].outputs[0]["data"]["text/markdown"] == f"Perfetto file: [trace]({copy})"
+    assert f'href="{copy}"' in cells[1].outputs[1]["data"]["text/html"]
+    assert (out / copy).read_bytes() == trace.read_bytes()
 
 
 def test_links_to_notebooks_the_report_wrote_go_to_their_pages(tmp_path):

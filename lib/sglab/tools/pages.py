@@ -27,6 +27,7 @@ _H2 = re.compile(r"^ {0,3}##[ \t]+\S")
 APPENDIX = "Appendix"  # the heading the main story ends at; what follows is the appendix
 FILES = "files"  # the report's copies of the data/ files its pages link (a Perfetto trace, say)
 _HREF = re.compile(r"""\bhref=(["'])([^"']*)\1""")
+_MD_LINK = re.compile(r"\]\(()([^)\s]+)\)")  # a markdown link's target (the executed .ipynb's)
 
 
 def status_line(r) -> str:
@@ -41,6 +42,7 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out,
                         kernel_dir=kernel_dir)
+    relink_notebook(r.nb, out, p.parent)
     nbformat.write(r.nb, out / p.name)
     page, title, name = out / f"{p.stem}.html", notebook_title(r.nb, p.stem), html.escape(p.name)
     if html_pages and nbtools.stop_requested():  # a stopped run: what happened, and the notebook
@@ -152,7 +154,7 @@ def write_page(nb, path: Path, *, title: str, status: str = "",
     return path
 
 
-def _relink(text: str, target) -> str:
+def _relink(text: str, target, links: re.Pattern = _HREF) -> str:
     """``text``, each link relative to its page pointed at ``target(path)`` (None: as it was)."""
 
     def sub(m: re.Match) -> str:
@@ -161,13 +163,13 @@ def _relink(text: str, target) -> str:
         new = target(unquote(parts.path)) if relative else None
         if new is None:
             return m.group(0)
-        frag = f"#{parts.fragment}" if parts.fragment else ""
-        return f"href={q}{html.escape(f'{quote(new)}{frag}')}{q}"
+        new = f"{quote(new)}{f'#{parts.fragment}' if parts.fragment else ''}"
+        return f"href={q}{html.escape(new)}{q}" if links is _HREF else f"]({new})"
 
-    return _HREF.sub(sub, text)
+    return links.sub(sub, text)
 
 
-def copy_linked_files(text: str, folder: Path, linked_from: Path) -> str:
+def copy_linked_files(text: str, folder: Path, linked_from: Path, links: re.Pattern = _HREF) -> str:
     """``text``, its links to files of ``data/`` pointed at copies in ``folder``/:data:`FILES`."""
     from sglab.core.runs import repo_root
 
@@ -184,7 +186,18 @@ def copy_linked_files(text: str, folder: Path, linked_from: Path) -> str:
             return None
         return f"{FILES}/{rel}"
 
-    return _relink(text, local)
+    return _relink(text, local, links)
+
+
+def relink_notebook(nb, folder: Path, linked_from: Path) -> None:
+    """The executed copy's links (markdown and HTML, cells and outputs) as its page's."""
+    for cell in nb.cells:
+        texts = [(cell, "source")] if cell.cell_type == "markdown" else []
+        texts += [(o.data, m) for o in cell.get("outputs", [])
+                  for m in ("text/markdown", "text/html") if m in o.get("data", {})]
+        for holder, key in texts:
+            for links in (_MD_LINK, _HREF):
+                holder[key] = copy_linked_files(holder[key], folder, linked_from, links)
 
 
 def _copy(source: Path, target: Path) -> None:
