@@ -115,6 +115,21 @@ def test_numbers_fold_each_shapes_starts_as_a_plain_groupby_does():
     assert checked > 50
 
 
+@pytest.mark.parametrize("values", [["1.5", "4", "2", "3", "x", "nan", "3", "1", "nan"],
+                                    ["4", "1", "3", "2", "7", "7", "3", "1", "2"]])
+def test_numbers_fold_an_even_count_nan_and_whole_numbers_as_a_plain_groupby_does(values):
+    """An even count's median is the mean of its middle two, NaN is left out of a group and a group
+    of NaN alone folds to NaN from 0 starts; whole numbers keep their dtype in lo and hi."""
+    df = pd.DataFrame(
+        dict(model="m", release="r", case=list("aaaabbccc"), metric="t",
+             start=[0, 1, 2, 3, 0, 1, 0, 1, 2], input_len=1, value=values))
+    d = df.assign(value=pd.to_numeric(df["value"], errors="coerce"))
+    keys = [c for c in d.columns if c not in ("start", "value")]
+    want = d.groupby(keys, sort=False)["value"].agg(value="median", lo="min", hi="max",
+                                                    starts="count").reset_index()
+    pd.testing.assert_frame_equal(S.numbers(df, "t"), want, check_exact=True)
+
+
 def test_a_runs_rows_are_read_once_and_left_as_they_were():
     """A run's rows are prepared once and shared by every frame it joins: no frame changes them,
     and a frame is the same whichever frames were built before it."""

@@ -21,7 +21,7 @@ STAT = "floor"
 _MEMO: OrderedDict = OrderedDict()
 
 
-def _memo(df: pd.DataFrame, key: tuple, work):
+def memo(df: pd.DataFrame, key: tuple, work):
     """``work()`` once per frame object (never changed in place) and ``key``, a copy each call."""
     return cached(_MEMO, (df,), key, work, 512).copy()
 
@@ -33,7 +33,7 @@ def unit_of(df: pd.DataFrame, metric: str) -> str:
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
     """``{(model, release, case): value}`` of a text metric (of several starts, a status not ok)."""
-    return _memo(df, ("texts", metric), lambda: _texts(df, metric))
+    return memo(df, ("texts", metric), lambda: _texts(df, metric))
 
 
 def _texts(df: pd.DataFrame, metric: str) -> dict:
@@ -50,23 +50,33 @@ def started(df: pd.DataFrame, model: str | None = None) -> dict:
 
 def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.DataFrame:
     """The rows of ``metric``, each variant and shape's engine starts folded into one row."""
-    return _memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
+    return memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
 
 
 def _numbers(df: pd.DataFrame, metric: str, only_started: bool) -> pd.DataFrame:
     at = _positions(df).get(metric, np.zeros(0, int))
     d = df.iloc[at].assign(value=lambda d: pd.to_numeric(d["value"], errors="coerce"))
     if only_started and not d.empty:
-        ok = started(df)
-        kept = np.array([ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)], bool)
+        kept = cached(_MEMO, (df,), ("started rows",), lambda: _started_rows(df), 512)[at]
         d, at = d[kept], at[kept]
     if d.empty or "start" not in d or d["start"].nunique(dropna=True) < 2:
         return d.assign(lo=d["value"], hi=d["value"], starts=1)
     keys = [c for c in d.columns if c not in ("start", "value")]
     # numbered in the frame's order of appearance: so are these groups
     _, first, of = np.unique(_groups(df)[at], return_index=True, return_inverse=True)
-    g = d["value"].groupby(of).agg(value="median", lo="min", hi="max", starts="count")
-    return pd.concat([d.iloc[first][keys].reset_index(drop=True), g.reset_index(drop=True)], axis=1)
+    # median, min, max and count per group as pandas gives them: each group's values sorted
+    # together (NaN last: a group of NaN alone reads NaN), min and max of the value's own dtype
+    v = d["value"].to_numpy()
+    s, size = v[np.lexsort((v, of))], np.bincount(of, minlength=len(first))
+    n, at0 = np.bincount(of, pd.notna(v), len(first)).astype(int), np.cumsum(size) - size
+    top = at0 + np.maximum(n - 1, 0)
+    out = dict(value=(s[at0 + n // 2] + s[(at0 + top) // 2]) / 2, lo=s[at0], hi=s[top], starts=n)
+    return d.iloc[first][keys].reset_index(drop=True).assign(**out)
+
+
+def _started_rows(df: pd.DataFrame) -> np.ndarray:
+    ok = started(df)
+    return np.array([ok.get(tuple(k), False) for k in df[KEYS].itertuples(index=False)], bool)
 
 
 def _positions(df: pd.DataFrame) -> dict:

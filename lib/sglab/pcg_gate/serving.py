@@ -38,6 +38,10 @@ def frame(rs) -> pd.DataFrame:
 
 def numbers(df: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, release, case, prompt tokens, in flight): the starts' median, lo and hi."""
+    return engine_stats.memo(df, ("serving",), lambda: _numbers(df))
+
+
+def _numbers(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame()
     d = pd.concat(
