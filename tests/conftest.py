@@ -81,3 +81,15 @@ def _gpu_module_scratch(request):
     module's fixtures hand traces between its tests)."""
     with scratch_for(request.module.__name__):
         yield
+
+
+@pytest.fixture(scope="module")
+def forked():
+    """The start method for a module's gloo launches: ranks fork from a server that imported torch
+    once (a spawned rank imports it itself, about a second of CPU each); spawn, the default, is
+    tested in tests/core/test_dist.py."""
+    from sglab.core import dist
+
+    dist.forkserver(["torch", "sglab.core.dist"])
+    yield "forkserver"
+    dist.stop_forkserver()

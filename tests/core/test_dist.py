@@ -89,31 +89,31 @@ def test_launches_at_once_leave_the_tracker_to_the_last_to_end(monkeypatch, capf
     assert "leaked" not in capfd.readouterr().err
 
 
-def test_rank_exception_surfaces_with_traceback():
+def test_rank_exception_surfaces_with_traceback(forked):
     with pytest.raises(dist.RankError) as ei:
-        dist.launch(dist_fns.raise_on_rank_1, 2, backend="gloo", timeout_s=120)
+        dist.launch(dist_fns.raise_on_rank_1, 2, backend="gloo", timeout_s=120, start_method=forked)
     assert ei.value.rank == 1
     assert "bad shard on rank 1" in str(ei.value)
     assert "raise_on_rank_1" in ei.value.rank_traceback
     assert mp.active_children() == []
 
 
-def test_rank_that_never_joins_times_out_clearly():
+def test_rank_that_never_joins_times_out_clearly(forked):
     t0 = time.monotonic()
     with pytest.raises(dist.DistTimeout) as ei:
         dist.launch(dist_fns.rank_1_never_joins, 2, args=(120,), backend="gloo", timeout_s=90,
-                    collective_timeout_s=4)
+                    collective_timeout_s=4, start_method=forked)
     elapsed = time.monotonic() - t0
     assert "rank 0" in str(ei.value) and "timed out" in str(ei.value)
     assert elapsed < 60, elapsed  # the 4 s collective limit fired, not the 90 s run limit
     assert mp.active_children() == []
 
 
-def test_run_deadline_kills_ranks_and_their_children(tmp_path):
+def test_run_deadline_kills_ranks_and_their_children(tmp_path, forked):
     pidfile = tmp_path / "child"
     with pytest.raises(dist.DistTimeout, match="exceeded 15 s"):
         dist.launch(dist_fns.spawn_grandchild_and_hang, 2, args=(str(pidfile),), backend="gloo",
-                    timeout_s=15)
+                    timeout_s=15, start_method=forked)
     pids = [int((tmp_path / f"child.{r}").read_text()) for r in range(2)]
     for _ in range(50):  # a killed process leaves the table a moment after the signal
         if not any(_alive(p) for p in pids):

@@ -65,7 +65,7 @@ def _rank_phases(ctx, cfg):
     return st.rows
 
 
-def test_rank_replay_and_cost_sweep_over_gloo():
+def test_rank_replay_and_cost_sweep_over_gloo(forked):
     cfg = {
         **measure.rank_config(
             {
@@ -75,7 +75,7 @@ def test_rank_replay_and_cost_sweep_over_gloo():
         "policies": ["floor_0", "floor_2048", "before_pr"]
     }
     out = dist.launch(_rank_phases, 2, args=(cfg,), backend="gloo", timeout_s=120,
-                      collective_timeout_s=30)
+                      collective_timeout_s=30, start_method=forked)
     df = runs.tidy(measure.EXPERIMENT, [row for rows in out for row in rows])
     for name in cfg["policies"]:
         mgr, refused = wf.simulate(wf.POLICIES[name], FIXED, world_size=2, hidden_dim=H)
@@ -105,12 +105,12 @@ def _traced_rank(ctx, trace: list[int], policies: list[str], cost_tokens: list[i
     return measure.traced_pass(measure.RankState(ctx, cfg, HostOps(), ctx.barrier))
 
 
-def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path):
+def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path, forked):
     """The real profiler on the CPU: the IPC creator's rank logic with host stand-ins, reduced as on
     the GPU."""
     out = dist.launch(_traced_rank, 2, args=(FIXED, ["floor_0", "floor_2048"], [64, 4096],
                                              str(tmp_path)), backend="gloo", timeout_s=120,
-                      collective_timeout_s=30)
+                      collective_timeout_s=30, start_method=forked)
     ev = pd.concat([o["table"] for o in out], ignore_index=True)
     from sglab.core.trace import COLUMNS
 
