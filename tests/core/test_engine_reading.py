@@ -211,6 +211,31 @@ def test_a_run_without_the_a_a_control_never_replaces_what_a_controlled_run_pair
     assert set(alone[alone.metric == "ttft"].variant) == {"0.5.12.post1+enforce", "0.5.13+enforce"}
 
 
+def test_a_variant_that_did_not_start_again_keeps_the_answer_of_the_run_where_it_did():
+    """The newest answer per variant, but one that started beats a newer one that did not; a
+    variant that never started anywhere keeps its newest (failed) answer."""
+
+    def run(when, status):
+        rows = [{
+            "experiment": "engine_pcg_gate", "variant": v, "release": "0.5.13", "case": v,
+            "tool": "bench", "start": 0, "metric": metric, "value": value
+        } for v, st in status.items() for metric, value in (("status", st), ("prefill", when))]
+        m = {
+            "gpu_name": "NVIDIA H200", "created_utc": f"2026-12-06T0{when}:00:00Z",
+            "engine_runs": [{"variant": v, "model": {"name": "m"}} for v in status]
+        }
+        return runs.Run(pd.DataFrame(rows), m, Path(f"/record/{when}.csv"))
+
+    old = run(1, {"enforce": "ok", "off": "ok", "never": "oom"})
+    new = run(2, {"enforce": "oom", "off": "ok", "never": "timeout"})
+    df = R.frame([new, old])
+    got = df[df.metric == "status"].set_index("variant")["value"].to_dict()
+    assert got == {"enforce": "ok", "off": "ok", "never": "timeout"}
+    assert df[df.metric == "prefill"].set_index("variant")["value"].to_dict() == {
+        "enforce": 1, "off": 2, "never": 2
+    }
+
+
 def test_tables_show_the_spread_between_engine_starts():
     from sglab.pcg_gate import sglang as pg_sglang
 

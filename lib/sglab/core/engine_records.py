@@ -72,24 +72,27 @@ def _frame(runs_: list) -> pd.DataFrame:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
     # per run and distinct ids (few, not per row): the newest answer per variant of each model, TP
     # size and tool; a variant the newest run with its release's A/A control answered comes from it
-    key, ends = ["model", "tp", "tool", "variant"], np.cumsum([0] + [len(g[2]) for g in got])
-    combos = pd.concat([g[2] for g in got], ignore_index=True)
-    combos["_order"] = np.repeat(np.arange(len(got)), np.diff(ends))
-    keep = np.ones(len(combos), bool)
+    ends = np.cumsum([0] + [len(g[2]) for g in got])
+    order = np.repeat(np.arange(len(got)), np.diff(ends)).tolist()
+    ids = [i for g in got for i in g[2].itertuples(index=False, name=None)]
+    key = [(m, tp, tool, v) for m, tp, tool, _, v, _ in ids]  # model, TP, tool, variant
+    keep = np.ones(len(ids), bool)
     if {"case", "release"} <= {c for g in got for c in g[0].columns}:
-        group = ["model", "tp", "tool", "release"]
-        again = combos[combos["case"].astype(str).str.endswith(AGAIN)]
-        ctl = again.groupby(group)["_order"].max().rename("_ctl").reset_index()
-        by = combos[[*group, "variant", "_order"]].merge(ctl, how="left")
-        answered = by[by["_order"] == by["_ctl"]][key].drop_duplicates().assign(_by=True)
-        by = by.merge(answered, how="left")
-        keep = (by["_by"].isna() | (by["_order"] == by["_ctl"])).to_numpy()
+        ctl: dict = {}  # (model, TP, tool, release): the newest run with its A/A control
+        for (m, tp, tool, rel, _, case), o in zip(ids, order):
+            if str(case).endswith(AGAIN) and not pd.isna(rel):
+                ctl[m, tp, tool, rel] = max(ctl.get((m, tp, tool, rel), -1), o)
+        mine = [ctl.get(i[:4]) == o for i, o in zip(ids, order)]
+        answered = {k for k, y in zip(key, mine) if y}
+        keep = np.array([k not in answered or y for k, y in zip(key, mine)], bool)
     has, ok = np.concatenate([g[3] for g in got]), np.concatenate([g[4] for g in got])
     if not (has & keep).any():  # a rebuild's run: every variant it has answered
-        has, ok = np.ones(len(combos), bool), np.ones(len(combos), bool)
-    cand = combos[has & keep].assign(ok=ok[has & keep])
-    pick = cand.sort_values(["ok", "_order"]).groupby(key).tail(1)[[*key, "_order"]]
-    stays = combos.merge(pick.assign(_pick=True), how="left")["_pick"].notna().to_numpy() & keep
+        has, ok = np.ones(len(ids), bool), np.ones(len(ids), bool)
+    best: dict = {}  # per model, TP, tool and variant: (answered ok, newest)
+    for i in np.flatnonzero(has & keep):
+        if not pd.isna(key[i][3]):
+            best[key[i]] = max(best.get(key[i], (False, -1)), (bool(ok[i]), order[i]))
+    stays = np.array([best.get(k, (0, -1))[1] == o for k, o in zip(key, order)], bool) & keep
     rows = pd.concat([g[0][stays[a:b][g[1]]] for g, a, b in zip(got, ends, ends[1:])],
                      ignore_index=True)
     return rows.assign(tool=rows["tool"].fillna("") if "tool" in rows else "")
