@@ -205,13 +205,14 @@ def _into_gone_head(*argv: str, env=None) -> subprocess.CompletedProcess:
     ("workspace", "--trace", "data/examples/sglang_server_short_prompts.log", "--world-size", "4"),
     ("swa-cost", "tests/data/configs/gemma3_text.json"),
     ("verify", "--all"),
-    ("upstream", "--releases"),
+    ("upstream", "--releases", "--offline", "--no-write"),
     ("capture-sizes", "--release", "0.5.11", "--", "--tp", "2"),
 ])
 def test_output_into_a_head_that_has_gone_ends_quietly(argv):
     """As Unix tools do: no traceback, the status of a process ended by SIGPIPE (141). The release's
-    table comes from the recording (the pipe, not the release, is under test here; a live answer
-    is printed the same way)."""
+    table comes from the recording and the releases' from the cache or the committed table (the
+    pipe, not the release or the network, is under test here; a live answer is printed the same
+    way)."""
     p = _into_gone_head(*argv, env={"SGLAB_REAL": "recorded"})
     assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
 
