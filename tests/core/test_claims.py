@@ -248,6 +248,17 @@ def test_headline_says_one_value_where_a_range_collapses():
     assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal
 
 
+def test_a_time_ratio_reads_as_a_change_in_words_and_a_speedup_through_its_inverse():
+    from sglab.core.claims import _format
+
+    said = "TTFT {t:%lower|higher}, step {s:/%shorter|longer} ({s:/%|}), gain {s:.2f}×"
+    assert _format(said, dict(t=0.89,
+                              s=1.23)) == "TTFT 11% lower, step 19% shorter (19%), gain 1.23×"
+    assert _format(said, dict(t=1.25,
+                              s=0.75)) == "TTFT 25% higher, step 33% longer (33%), gain 0.75×"
+    assert _format(said, dict(t=None, s=1.23)) is None  # a missing value still drops the part
+
+
 def test_a_headline_gives_the_range_of_a_shown_runs_other_machines(demo):
     """A number that moves with the host reads as the range over the runs of one GPU model, GPU
     count and method version; a run of another method or GPU count is not its peer."""

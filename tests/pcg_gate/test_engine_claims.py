@@ -518,9 +518,10 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     full = v["engine_pcg_gate.full_width_prefill"]["kimi_k25_full"]
     launches = v["engine_pcg_gate.prefill_launches"]
     on, off = launches["kimi_k25_full 0.5.13 enforce"], launches["kimi_k25_full 0.5.13 pcg-off"]
-    real = (f"bench_one_batch's pcg-off ÷ enforced prefill there is {full['128 tokens']:.2f}× at "
-            f"128 tokens and {full['2048 tokens']:.2f}× at 2048, a captured step launching "
-            f"{on['kernels_min']} kernels + {on['graphs']} graphs instead of "
+    # the step's time with the graphs over without them: 1 ÷ the pcg-off ÷ enforced ratio
+    real = (f"bench_one_batch's prefill step there is {1 - 1 / full['128 tokens']:.0%} shorter at "
+            f"128 tokens and {1 / full['2048 tokens'] - 1:.0%} longer at 2048, a captured step "
+            f"launching {on['kernels_min']} kernels + {on['graphs']} graphs instead of "
             f"{off['kernels_min']}–{off['kernels_max']}")
     assert real in head and head.index(real) < head.index("Default flags")
     tiny = launches["kimi_k25_tiny 0.5.13 enforce"], launches["kimi_k25_tiny 0.5.13 pcg-off"]
@@ -546,8 +547,11 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     assert ("each inside its bound: ±2% or twice its own A/A gap, whichever is larger "
             f"({decode['tpot_bound']:.1%} and {decode['decode_bound']:.1%};") in tpot
     assert "inside twice its own A/A gap" not in tpot
-    assert "at full width (A/A gap" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, "
-                                             "TP 4 on B200)"]
+    ttft = found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, TP 4 on B200)"]
+    t = v["engine_pcg_gate.full_width_ttft"]
+    assert "at full width (A/A gap" in ttft and (
+        f"makes TTFT {1 - t['128x1']:.0%} lower at 128-token prompts but {t['2048x1'] - 1:.0%} "
+        "higher at 2048") in ttft
     assert "captured" in found[
         "Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate"]
     none = K.parts(pg.CARD, pg_sglang.FIX, pg, run, runs.NoRun("engine_pcg_gate", "none"))

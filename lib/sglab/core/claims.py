@@ -194,6 +194,12 @@ class _Formatter(string.Formatter):
             raise _Missing(field_name)
         return obj, used
 
+    def format_field(self, value, spec):  # {r:%lower|higher}: "11% lower", "25% higher"; /%: 1/r
+        if "|" not in spec:
+            return super().format_field(value, spec)
+        r, (less, more) = 1 / value if spec[0] == "/" else value, spec.lstrip("/%").split("|")
+        return f"{abs(r - 1):.0%} {less if r < 1 else more}".rstrip()
+
 
 # "11.5–11.5 µs" where the smallest and largest value agree (one run shown) reads "11.5 µs"
 _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")

@@ -449,16 +449,17 @@ ENGINE = engine_claims(
     HEADLINE=Headline(
         parts=(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "
-            f"bench_serving, one {{gpu}}) enforced ÷ off TTFT is {{v[{_T}][128x1]:.2f}}× at "
-            f"128-token prompts and {{v[{_T}][2048x1]:.2f}}× at 2048, and decode does not change: "
-            f"TPOT with one request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
+            f"bench_serving, one {{gpu}}) enforcing the graphs makes TTFT "
+            f"{{v[{_T}][128x1]:%lower|higher}} at 128-token prompts and "
+            f"{{v[{_T}][2048x1]:%lower|higher}} at 2048, and decode does not change: TPOT with one "
+            f"request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
             f"{{v[{_DE}][tpot_bound]:.1%}}), the decode step within {{v[{_DE}][decode_worst]:.1%}} "
             f"(bound {{v[{_DE}][decode_bound]:.1%}})",
-            f"bench_one_batch's pcg-off ÷ enforced prefill there is {{v[{_P}][{_FULL}][128 "
-            f"tokens]:.2f}}× at 128 tokens and {{v[{_P}][{_FULL}][2048 tokens]:.2f}}× at 2048, a "
-            f"captured step launching {{v[{_L}][{_KF} enforce][kernels_min]}} kernels + "
-            f"{{v[{_L}][{_KF} enforce][graphs]}} graphs instead of {{v[{_L}][{_KF} "
-            f"pcg-off][kernels_min]}}–{{v[{_L}][{_KF} pcg-off][kernels_max]}}",
+            f"bench_one_batch's prefill step there is {{v[{_P}][{_FULL}][128 "
+            f"tokens]:/%shorter|longer}} at 128 tokens and {{v[{_P}][{_FULL}][2048 "
+            f"tokens]:/%shorter|longer}} at 2048, a captured step launching {{v[{_L}][{_KF} "
+            f"enforce][kernels_min]}} kernels + {{v[{_L}][{_KF} enforce][graphs]}} graphs instead "
+            f"of {{v[{_L}][{_KF} pcg-off][kernels_min]}}–{{v[{_L}][{_KF} pcg-off][kernels_max]}}",
             f"why: inside the graphs the release runs its attention absorbed (MLA), eager as MHA, "
             f"{{v[{_A}][{_FULL} 2048]:.1f}}× the attention kernel time at 2048 tokens",
             f"Default flags: {_per_release(_D)}",
@@ -489,14 +490,14 @@ CARD = Card(
             "multimodal model before the gate is asked); with `--enforce-piecewise-cuda-graph` "
             f"{FIXED_RELEASE} has them {{e[{_G}][{FIXED_RELEASE}]}}"),
            (f"TTFT {_TTFT[1]} → {_TTFT[2]} {_TTFT[0]} ({_B['setup']})",
-            f"At Kimi-K2.5's real widths on one GPU (2 of 61 layers, dummy weights, "
-            f"bench_serving) enforced ÷ off TTFT is {{e[{_T}][128x1]:.2f}}× at 128-token prompts "
-            f"but {{e[{_T}][2048x1]:.2f}}× at 2048; bench_one_batch's prefill gain at 128 tokens "
-            f"is {{e[{_P}][kimi_k25_full][128 tokens]:.2f}}× at full width (A/A gap "
-            f"{{e[{_P}][kimi_k25_full][aa_noise]:.0%}}) and "
-            f"{{e[{_P}][kimi_k25_tp4rank][128 tokens]:.2f}}× at one TP-4 rank's widths, and both "
-            f"lose at 2048 ({{e[{_P}][kimi_k25_full][2048 tokens]:.2f}}×, "
-            f"{{e[{_P}][kimi_k25_tp4rank][2048 tokens]:.2f}}×)"),
+            f"At Kimi-K2.5's real widths on one GPU (2 of 61 layers, dummy weights, bench_serving) "
+            f"enforcing piecewise graphs makes TTFT {{e[{_T}][128x1]:%lower|higher}} at 128-token "
+            f"prompts but {{e[{_T}][2048x1]:%lower|higher}} at 2048; bench_one_batch's prefill "
+            f"step at 128 tokens is {{e[{_P}][kimi_k25_full][128 tokens]:/%shorter|longer}} at "
+            f"full width (A/A gap {{e[{_P}][kimi_k25_full][aa_noise]:.0%}}) and "
+            f"{{e[{_P}][kimi_k25_tp4rank][128 tokens]:/%shorter|longer}} at one TP-4 rank's "
+            f"widths, but {{e[{_P}][kimi_k25_full][2048 tokens]:/%|}} and "
+            f"{{e[{_P}][kimi_k25_tp4rank][2048 tokens]:/%|}} longer at 2048"),
            (f"TPOT {_TPOT[1]} → {_TPOT[2]} {_TPOT[0]}, E2E {_E2E[1]} → {_E2E[2]} {_E2E[0]}",
             f"Not reproduced: TPOT with one request in flight stays within "
             f"{{e[{_DE}][tpot_worst]:.1%}} of off and bench_one_batch's decode step within "
