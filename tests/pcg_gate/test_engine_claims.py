@@ -547,7 +547,7 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     assert ("each inside its bound: ±2% or twice its own A/A gap, whichever is larger "
             f"({decode['tpot_bound']:.1%} and {decode['decode_bound']:.1%};") in tpot
     assert "inside twice its own A/A gap" not in tpot
-    ttft = found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, TP 4 on B200)"]
+    ttft = found["TTFT 0.479 → 0.147 s, 69% lower (Kimi-K2.5 with real weights, TP 4 on B200)"]
     t = v["engine_pcg_gate.full_width_ttft"]
     assert "at full width (A/A gap" in ttft and (
         f"makes TTFT {1 - t['128x1']:.0%} lower at 128-token prompts but {t['2048x1'] - 1:.0%} "

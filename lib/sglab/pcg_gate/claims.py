@@ -474,7 +474,7 @@ ENGINE = engine_claims(
 
 _B = sglang.PR_BENCHMARK
 _TTFT, _TPOT, _E2E = (_B["metrics"][m] for m in ("TTFT", "TPOT", "E2E"))
-_R = f"{EXPERIMENT}.duplicate_keys"
+_R, _CUT = f"{EXPERIMENT}.duplicate_keys", f"{1 - _TTFT[2] / _TTFT[1]:.0%} lower"  # the PR's
 _SAME = f"{serving.DECODE_SAME:.0%}"  # the decode bound's floor
 CARD = Card(
     bug="SGLang's piecewise-CUDA-graph gate asks `hasattr(model, \"model\")`. Kimi-K2.5's wrapper "
@@ -489,7 +489,7 @@ CARD = Card(
             f"{{e[{_D}][{FIXED_RELEASE}]}} on {FIXED_RELEASE} (ServerArgs turns them off for a "
             "multimodal model before the gate is asked); with `--enforce-piecewise-cuda-graph` "
             f"{FIXED_RELEASE} has them {{e[{_G}][{FIXED_RELEASE}]}}"),
-           (f"TTFT {_TTFT[1]} → {_TTFT[2]} {_TTFT[0]} ({_B['setup']})",
+           (f"TTFT {_TTFT[1]} → {_TTFT[2]} {_TTFT[0]}, {_CUT} ({_B['setup']})",
             f"At Kimi-K2.5's real widths on one GPU (2 of 61 layers, dummy weights, bench_serving) "
             f"enforcing piecewise graphs makes TTFT {{e[{_T}][128x1]:%lower|higher}} at 128-token "
             f"prompts but {{e[{_T}][2048x1]:%lower|higher}} at 2048; bench_one_batch's prefill "
