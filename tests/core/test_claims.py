@@ -252,10 +252,9 @@ def test_a_time_ratio_reads_as_a_change_in_words_and_a_speedup_through_its_inver
     from sglab.core.claims import _format
 
     said = "TTFT {t:%lower|higher}, step {s:/%shorter|longer} ({s:/%|}), gain {s:.2f}×"
-    assert _format(said, dict(t=0.89,
-                              s=1.23)) == "TTFT 11% lower, step 19% shorter (19%), gain 1.23×"
-    assert _format(said, dict(t=1.25,
-                              s=0.75)) == "TTFT 25% higher, step 33% longer (33%), gain 0.75×"
+    faster, slower = dict(t=0.89, s=1.23), dict(t=1.25, s=0.75)
+    assert _format(said, faster) == "TTFT 11% lower, step 19% shorter (19%), gain 1.23×"
+    assert _format(said, slower) == "TTFT 25% higher, step 33% longer (33%), gain 0.75×"
     assert _format(said, dict(t=None, s=1.23)) is None  # a missing value still drops the part
 
 
