@@ -65,3 +65,22 @@ def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
     assert "<table>" in html and "<td>x | y</td>" in html and "| the PR says" not in html
     assert md.splitlines()[-4] == "" and "> **The rebuild.** the rebuild says" in md
     assert "<b>The rebuild.</b> the rebuild says" in K.html_card(p)
+
+
+def test_a_notebooks_card_engine_section_and_verdict_evaluate_each_runs_claims_once(monkeypatch):
+    """The card, the engine section's verdict lines and the Verdict section read one run's claims:
+    each (claims, run) is evaluated once in the notebook's process, and read again from its memo."""
+    from sglab.core import claims as C
+    from sglab.core import engine_view
+    from sglab.swa_loc import show
+
+    calls, evaluate = [], C.evaluate
+    monkeypatch.setattr(C, "evaluate", lambda m, r: calls.append((id(m), id(r))) or evaluate(m, r))
+    monkeypatch.setattr(engine_view, "display", lambda *a, **k: None)
+    run, engine = notebook.Workbook(claims, mode="recorded",
+                                    show=False).run(), sglang.FIX.recorded_engine()
+    for _ in range(2):
+        K.parts(claims.CARD, sglang.FIX, claims, run, engine)
+        engine_view.section(show.VIEW, engine, claims.ENGINE)
+        notebook.verdict(claims, run)
+    assert calls and len(calls) == len(set(calls))

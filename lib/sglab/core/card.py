@@ -45,7 +45,7 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     engine_said = (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
                    if merged else engine_rs.line)
     rebuild_said = f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})")
-    verdicts = [[C.verdict_line(C.evaluate(m, r), r) for r in got]
+    verdicts = [[C.verdict_line(C.evaluated(m, r), r) for r in got]
                 for m, got in ((engine, merged), (claims, shown))]
     return dict(bug=card.bug, affects=card.affects, releases=releases_line(fix.releases(told=True)),
                 engine=engine_said, engine_verdicts=verdicts[0], rebuild=rebuild_said,

@@ -152,7 +152,7 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
         for r in per_gpu(rs):
             n = len(r.manifest.merged_from) or 1
             lines.append(
-                f"{C.verdict_line(C.evaluate(engine_claims, r), r)} ({n} run{'s' * (n > 1)})")
+                f"{C.verdict_line(C.evaluated(engine_claims, r), r)} ({n} run{'s' * (n > 1)})")
         display(
             None, "\n".join(lines), "**The engine's claims.** " + "; ".join(lines)
             + f". How each number is made to repeat: [07 · how we measure]({METHODS}).")

@@ -225,7 +225,7 @@ def ledger(entries) -> pd.DataFrame:
     """A row per ``(fix, run, engine claims)``: GPU, date, TP size and verdict line."""
     rows = [{
         "fix": fix, "run": run_label(r), "GPU": f"{r.manifest.gpu} ×{r.manifest.gpu_count}",
-        "date": r.manifest.date, "TP": r.manifest.tp, "verdict": C.verdict(C.evaluate(mod, r))
+        "date": r.manifest.date, "TP": r.manifest.tp, "verdict": C.verdict(C.evaluated(mod, r))
     } for fix, r, mod in entries]
     return pd.DataFrame(rows).set_index(["fix", "run"]) if rows else pd.DataFrame()
 

@@ -241,7 +241,7 @@ _STATUS_STYLE = {
 
 def verdict_html(claims, run) -> str:
     """One run's claims as an HTML table under its verdict line, folded checks under each."""
-    results, rows = C.evaluate(claims, run), []
+    results, rows = C.evaluated(claims, run), []
     for r in C.reader_facing(results):
         detail = r.outcome.measured if r.status != C.NA else ""
         why = r.outcome.reason if r.status != C.PASS else ""
@@ -277,7 +277,7 @@ def verdict(claims, run) -> None:
         if in_notebook():
             display(None, "", html=verdict_html(claims, r))
             continue
-        results = C.evaluate(claims, r)
+        results = C.evaluated(claims, r)
         print(C.verdict_line(results, r) + "\n" + C.table(results).to_string(index=False))
 
 
