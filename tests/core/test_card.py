@@ -78,8 +78,8 @@ def test_a_notebooks_card_engine_section_and_verdict_evaluate_each_runs_claims_o
     # the objects themselves are kept: an id freed by one rendering's merged run may come back
     monkeypatch.setattr(C, "evaluate", lambda m, r: calls.append((m, r)) or evaluate(m, r))
     monkeypatch.setattr(engine_view, "display", lambda *a, **k: None)
-    run, engine = notebook.Workbook(claims, mode="recorded",
-                                    show=False).run(), sglang.FIX.recorded_engine()
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    engine = sglang.FIX.recorded_engine()
     for _ in range(2):
         K.parts(claims.CARD, sglang.FIX, claims, run, engine)
         engine_view.section(show.VIEW, engine, claims.ENGINE)
