@@ -256,6 +256,7 @@ def test_a_time_ratio_reads_as_a_change_in_words_and_a_speedup_through_its_inver
     assert _format(said, faster) == "TTFT 11% lower, step 19% shorter (19%), gain 1.23×"
     assert _format(said, slower) == "TTFT 25% higher, step 33% longer (33%), gain 0.75×"
     assert _format(said, dict(t=None, s=1.23)) is None  # a missing value still drops the part
+    assert _format(said, dict(t=0.89, s=0.0)) is None  # so does a zero ratio (no time to invert)
 
 
 def test_a_headline_gives_the_range_of_a_shown_runs_other_machines(demo):

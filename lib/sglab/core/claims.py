@@ -197,6 +197,8 @@ class _Formatter(string.Formatter):
     def format_field(self, value, spec):  # {r:%lower|higher}: "11% lower", "25% higher"; /%: 1/r
         if "|" not in spec:
             return super().format_field(value, spec)
+        if not value:  # a zero ratio (nothing timed) drops the part, as a missing value does
+            raise _Missing(spec)
         r, (less, more) = 1 / value if spec[0] == "/" else value, spec.lstrip("/%").split("|")
         return f"{abs(r - 1):.0%} {less if r < 1 else more}".rstrip()
 

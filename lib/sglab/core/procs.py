@@ -33,9 +33,7 @@ _PIN = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].sp
 
 def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
     """``argv`` run on ``cpus`` only (and every process it starts); as it is without ``cpus``."""
-    if not cpus:
-        return list(argv)
-    return [python, "-c", _PIN, ",".join(str(c) for c in cpus), *argv]
+    return [python, "-c", _PIN, ",".join(map(str, cpus)), *argv] if cpus else list(argv)
 
 
 def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
