@@ -26,6 +26,7 @@ import pytest
 from sglab.capture_sizes import server_args, show
 from sglab.capture_sizes import sglang as cs
 from sglab.core import runs
+from sglab.sglang import runner
 from sglab.sglang.releases import installed_releases
 from sglab.tools import cli
 
@@ -349,10 +350,13 @@ def test_a_model_config_of_another_name_leaves_no_copy_behind_and_errors_name_it
     mine, bare = tmp_path / "mine.json", tmp_path / "bare.json"
     mine.write_text(AS_LLAMA.read_text())
     bare.write_text(json.dumps({"hidden_size": 64}))
-    rows = cs.ask({"args": ["--tp", "2"]}, ["0.5.14"], model=str(mine))
+    # both in one worker of the release, as a session's calls are (one start of it, not two)
+    calls = [cs.probe_call({"args": ["--tp", "2"]}, [], model=str(m))[:2] for m in (mine, bare)]
+    got, _ = runner.run_release("0.5.14", calls)
+    rows = got[runner.call_key(*calls[0])].rows
     facts = dict(zip(rows.metric, rows.value))
     assert facts["model"] == str(mine) and facts["piecewise_max_tokens"] == 8192
-    rows = cs.ask({"args": ["--tp", "2"]}, ["0.5.14"], model=str(bare))
+    rows = got[runner.call_key(*calls[1])].rows
     (error,) = rows.loc[rows.metric == "error", "value"]
     assert f"Unrecognized model in {bare}." in error and "sglab-model-" not in error
     assert list(temp.glob("sglab-model-*")) == []
