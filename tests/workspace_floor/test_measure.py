@@ -79,7 +79,11 @@ def test_rank_replay_and_cost_sweep_over_gloo(forked):
     df = runs.tidy(measure.EXPERIMENT, [row for rows in out for row in rows])
     for name in cfg["policies"]:
         mgr, refused = wf.simulate(wf.POLICIES[name], FIXED, world_size=2, hidden_dim=H)
-        cell = df[(df.variant == name) & (df.trace == "fixed")].set_index(["rank", "metric"])
+        # the per-policy metrics only: a unique (rank, metric) index gives one number per key
+        # (pandas 2 gives a Series for a key of a non-unique, unsorted index)
+        cell = df[(df.variant == name) & (df.trace == "fixed")
+                  & ~df.metric.str.startswith("event_")].set_index(["rank", "metric"])
+        assert cell.index.is_unique
         for rank in (0, 1):
             assert cell.value[rank, "recreations"] == mgr.recreations
             assert cell.value[rank, "refused_calls"] == refused
