@@ -40,7 +40,7 @@ def _texts(df: pd.DataFrame, metric: str) -> dict:
     d = df.iloc[_positions(df).get(metric, np.zeros(0, int))]
     if metric == "status":
         d = d.assign(_ok=d["value"] == "ok").sort_values("_ok", ascending=False, kind="stable")
-    return {tuple(k): v for k, v in zip(d[KEYS].itertuples(index=False), d["value"])}
+    return dict(zip(zip(*(d[c].to_numpy(object) for c in KEYS)), d["value"]))
 
 
 def started(df: pd.DataFrame, model: str | None = None) -> dict:
@@ -75,8 +75,8 @@ def _numbers(df: pd.DataFrame, metric: str, only_started: bool) -> pd.DataFrame:
 
 
 def _started_rows(df: pd.DataFrame) -> np.ndarray:
-    ok = started(df)
-    return np.array([ok.get(tuple(k), False) for k in df[KEYS].itertuples(index=False)], bool)
+    ok, rows = started(df), zip(*(df[c].to_numpy(object) for c in KEYS))  # fast to walk
+    return np.array([ok.get(k, False) for k in rows], bool)
 
 
 def _positions(df: pd.DataFrame) -> dict:
