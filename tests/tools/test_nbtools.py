@@ -168,6 +168,35 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
         pytest.fail(f"kernel {kernel} still running after the run was stopped")
 
 
+def test_a_signal_stops_nbclients_kernel_poller_before_the_client_goes():
+    """nbclient's signal callback lets go of the kernel client; its kernel poller, waking up to a
+    second later, would then fail an assert with no one to read it ("Task exception was never
+    retrieved" on the terminal: once in 80 stops of `sglab run` under load). The signal cancels the
+    poller first, and nothing else."""
+    import asyncio
+
+    async def _async_poll_kernel_alive():  # named as nbclient's
+        await asyncio.sleep(60)
+
+    loop = nbtools._telling_signals(caught := [])
+    poller, other = loop.create_task(_async_poll_kernel_alive()), loop.create_task(
+        asyncio.sleep(60))
+    seen = []
+    loop.add_signal_handler(signal.SIGTERM, lambda: seen.append(
+        (poller.cancelling(), other.cancelling())))
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        loop.run_until_complete(asyncio.sleep(0.2))
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        for name in ("add_signal_handler", "remove_signal_handler"):
+            vars(loop).pop(name, None)
+        for task in (poller, other):
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(poller, other, return_exceptions=True))
+    assert caught == [signal.SIGTERM] and seen == [(1, 0)]  # the poller cancelled, not the other
+
+
 @pytest.mark.parametrize("whom", ["group", "parent", "parent killed"])
 def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
     """Two notebooks at a time, SIGTERM to the whole process group (an outer `timeout`) or to the

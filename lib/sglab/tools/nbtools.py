@@ -300,12 +300,10 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
 
     # a cell cut short leaves nbclient's pollers pending on this thread's ``loop``: cancelled here,
     # they end quietly (a loop that runs is the caller's: nbclient then ran on a loop of its own)
-    if not loop.is_running():
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not loop.is_running() and (pending := asyncio.all_tasks(loop)):
         for t in pending:
             t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     pid = getattr(getattr(km, "provisioner", None), "pid", None)
     started = procs.descendants(pid) if pid else []  # what the kernel started: it goes too
     try:
@@ -366,7 +364,10 @@ def _telling_signals(caught: list):
         caught.append(int(sig))
         if noting:
             _STOPS.append(int(sig))
-        if len(caught) == 1:
+        if len(caught) == 1:  # nbclient's kernel poller would assert the client this lets go
+            for t in asyncio.all_tasks(loop):
+                if getattr(t.get_coro(), "__name__", "") == "_async_poll_kernel_alive":
+                    t.cancel()
             callback(*args)
 
     def adding(sig, callback, *args):
