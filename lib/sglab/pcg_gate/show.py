@@ -369,22 +369,22 @@ def width_sweep(rs) -> None:
                              height=4.2)
     axes = axes[0] if len(panels) > 1 else [axes]
     for i, (ax, (gpu, df, gains, cost, full)) in enumerate(zip(axes, panels)):
-        both = pd.concat([gains, full]) if not full.empty else gains
+        both = pd.concat([t[["starts", "tokens"]] for t in (gains, full) if not t.empty])
         starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
         widths = gains["hidden"].nunique()
         for k, (h, g) in enumerate(gains.groupby("hidden")):
             n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
             nudge = 2**(0.05 * (k - (widths - 1) / 2))  # side by side, so the bars do not overlap
             ax.errorbar(
-                g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
+                g["tokens"] * nudge, g["gain"], yerr=abs(g[["lo", "hi"]].T.values - g.gain.values),
                 marker="o", capsize=3, elinewidth=0.8,
                 label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
         # Kimi-K2.5's own widths (1 dense + 1 MoE layer), squares; hollow where the enforced step
         # replayed no graph (beyond the release's capture cap: eager on both sides)
         for (label, n), g in full.groupby(["label", "starts"], sort=False):
             line = ax.errorbar(
-                g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]], marker="s",
-                ls=":", capsize=3, elinewidth=0.8,
+                g["tokens"], g["gain"], yerr=abs(g[["lo", "hi"]].T.values - g.gain.values),
+                marker="s", ls=":", capsize=3, elinewidth=0.8,
                 label=label + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
             eager = g[g["replayed"] == False]  # noqa: E712 - None (no launch pass) is not eager
             ax.plot(eager["tokens"], eager["gain"], "s", mfc="white", mec=line[0].get_color(), ms=7)
