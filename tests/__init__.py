@@ -21,3 +21,17 @@ def scratch_for(module: str):
 
     with runs._scratch():
         yield
+
+
+def card_story_appendix(stem: str) -> tuple[str, str]:
+    """A notebook's text (its jupytext ``notebooks/<stem>.py``) before and after its Appendix
+    heading, once its first code cells are checked: the parameters, then the review card."""
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "notebooks" / f"{stem}.py"
+    cells = [c.strip() for c in book.read_text().split("# %%")[1:]]
+    code = [c for c in cells if not c.startswith("[markdown]")]
+    assert code[0].startswith('tags=["parameters"]')
+    assert code[1].rstrip().endswith("card(sglang.FIX, claims, run, engine)")
+    appendix = next(i for i, c in enumerate(cells) if c.startswith("[markdown]\n# ## Appendix"))
+    return "\n".join(cells[:appendix]), "\n".join(cells[appendix:])

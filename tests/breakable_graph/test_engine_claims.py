@@ -4,8 +4,6 @@ the graph per release and request count, and the rebuild sits beside the engine.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from sglab.breakable_graph import claims, show, sglang
@@ -14,49 +12,28 @@ from sglab.core import engine_records as R
 from sglab.core import engine_stats as S
 from sglab.core import engine_view as V
 from sglab.core import runs
+from tests.edits import edited, engine_run, statuses
 
 
 pytestmark = pytest.mark.long(20)
 ENGINE = "engine_breakable_graph"
 
 
-def _run(contains: str):
-    """The committed engine run in which variant ``contains`` started."""
-    for r in runs.load_all_recorded(ENGINE):
-        st = r.df[(r.df.metric == "status") & (r.df.variant == contains)]
-        if (st.value == "ok").any():
-            return r
-    pytest.skip(f"no committed {ENGINE} run with {contains}")
-
-
-def _edit(run, variant: str, metric: str, value, requests=None):
-    df = run.df.copy()
-    sel = (df.variant == variant) & (df.metric == metric)
-    if requests is not None:
-        sel &= df.requests == requests
-    assert sel.any(), (variant, metric)
-    df.loc[sel, "value"] = value
-    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
-
-
-def _status(run) -> dict:
-    return {r.claim.id: r.status for r in C.evaluate(claims.ENGINE, run)}
-
-
 def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_pr():
-    before = _run("0.5.11+bcg")
-    assert _status(before)["engine_breakable_graph.graph_per_request_count"] == "pass"
+    before = engine_run(ENGINE, "0.5.11+bcg")
+    assert statuses(claims.ENGINE,
+                    before)["engine_breakable_graph.graph_per_request_count"] == "pass"
     # a 0.5.11 that ran two requests on the graph would contradict the release's can_run
-    bad = _edit(before, "0.5.11+bcg", "prefill_graph", "1.0", requests=2.0)
-    assert _status(bad)["engine_breakable_graph.graph_per_request_count"] == "fail"
-    after = _run("0.5.12.post1+bcg")
-    assert _status(after) == {
+    bad = edited(before, "0.5.11+bcg", "prefill_graph", "1.0", requests=2.0)
+    assert statuses(claims.ENGINE, bad)["engine_breakable_graph.graph_per_request_count"] == "fail"
+    after = engine_run(ENGINE, "0.5.12.post1+bcg")
+    assert statuses(claims.ENGINE, after) == {
         "engine_breakable_graph.graph_per_request_count": "pass",
         "engine_breakable_graph.faster_than_eager": "pass"
     }
-    slow = _edit(_edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0),
-                 "0.5.12.post1+bcg", "latency_min", "99.0", requests=8.0)
-    assert _status(slow)["engine_breakable_graph.faster_than_eager"] == "fail"
+    slow = edited(edited(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0),
+                  "0.5.12.post1+bcg", "latency_min", "99.0", requests=8.0)
+    assert statuses(claims.ENGINE, slow)["engine_breakable_graph.faster_than_eager"] == "fail"
 
 
 def test_engine_sections_show_tables_or_say_how_to_record(capsys):
@@ -92,7 +69,7 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
 
 
 def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():
-    run = _run("0.5.12.post1+bcg")
+    run = engine_run(ENGINE, "0.5.12.post1+bcg")
     df = R.frame([run])
     ratios = claims._ratios(run)  # the claim's statistic: the fastest repeat of any start
     lat = S.numbers(df, "latency_min", only_started=True).set_index(["release", "case", "requests"])

@@ -18,33 +18,10 @@ from sglab.core import engine_records as R
 from sglab.core import engine_stats as S
 from sglab.core import engine_view as V
 from sglab.tools import cli
+from tests.edits import ratio_run, starts_run
 
 
 pytestmark = pytest.mark.long(50)
-
-
-def _run(exp: str, contains: str):
-    """The committed engine run of ``exp`` in which variant ``contains`` started."""
-    for r in runs.load_all_recorded(exp):
-        st = r.df[(r.df.metric == "status") & (r.df.variant == contains)]
-        if (st.value == "ok").any():
-            return r
-    pytest.skip(f"no committed {exp} run with {contains}")
-
-
-def _edit(run, variant: str, metric: str, value, requests=None):
-    df = run.df.copy()
-    sel = (df.variant == variant) & (df.metric == metric)
-    if requests is not None:
-        sel &= df.requests == requests
-    assert sel.any(), (variant, metric)
-    df.loc[sel, "value"] = value
-    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
-
-
-def _status(mod, run) -> dict:
-    return {r.claim.id: r.status for r in C.evaluate(mod, run)}
-
 
 # Figures the record does not yet repeat (data/recorded/not_repeated.json, which 07 shows with
 # their numbers and why): two machines of one GPU model and count that lie further apart than the
@@ -397,44 +374,8 @@ def test_a_scenarios_starts_interleave_and_its_control_repeats_a_case():
         replace(sc, control="nope").specs()
 
 
-def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x512",
-                created: str = "2026-11-28T00:00:00Z"):
-    """A bench run of 01's Llama cases (or of ``model``): ``times[(case, start)] = {input_len:
-    ms}``, ``ms`` the start's median repeat, or ``(median, fastest)`` repeat (else the same)."""
-    rows, entries = [], []
-    for (case, start), per in times.items():
-        variant = f"0.5.13+{case}"
-        base = {
-            "experiment": "engine_pcg_gate", "variant": variant, "release": "0.5.13", "case": case,
-            "tool": "bench", "start": start
-        }
-        st = (status or {}).get((case, start), "ok")
-        rows.append({**base, "metric": "status", "value": st, "unit": ""})
-        rows.append({
-            **base, "metric": "pcg", "value": "captured" if case == "pcg" else "disabled",
-            "unit": ""
-        })
-        for n, ms in per.items():
-            med, low = ms if isinstance(ms, tuple) else (ms, ms)
-            rows += [
-                {**base, "batch_size": 1, "input_len": n, "metric": m, "value": v, "unit": "ms"}
-                for m, v in (("prefill", med), ("prefill_min", low))
-            ]
-        entries.append({
-            "variant": variant, "release": "0.5.13", "case": case, "model": {"name": model}
-        })
-    df = runs.tidy("engine_pcg_gate", rows)
-    manifest = {
-        "experiment": "engine_pcg_gate", "created_utc": created,
-        "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "engine_runs": entries,
-        "method_version": 1
-    }
-    return runs.Run(df, manifest, runs.repo_root() / f"{model}-{created[:10]}.csv")
-
-
 def test_a_timing_of_one_engine_start_says_so():
-    one = V.table(R.frame([_starts_run({("pcg", 0): {128: 10.0}})]),
-                  V.Table("prefill", "input_len"))
+    one = V.table(R.frame([starts_run({("pcg", 0): {128: 10.0}})]), V.Table("prefill", "input_len"))
     assert one.columns.name == ("prefill (ms), one engine start (the spread between starts is "
                                 "not measured) by input_len")
 
@@ -442,7 +383,7 @@ def test_a_timing_of_one_engine_start_says_so():
 def test_starts_fold_into_their_median_with_the_spread_between_them():
     t = {("pcg", 0): {128: 10.0}, ("pcg", 1): {128: 12.0}, ("pcg", 2): {128: 11.0},
          ("pcg-off", 0): {128: 20.0}, ("pcg-off", 1): {128: 30.0}, ("pcg-off", 2): {128: 22.0}}
-    df = R.frame([_starts_run(t)])
+    df = R.frame([starts_run(t)])
     d = S.numbers(df, "prefill").set_index("case")
     assert (d.loc["pcg", "value"], d.loc["pcg", "lo"], d.loc["pcg", "hi"]) == (11.0, 10.0, 12.0)
     assert d.loc["pcg-off", "starts"] == 3 and d.loc["pcg-off", "value"] == 22.0
@@ -450,24 +391,15 @@ def test_starts_fold_into_their_median_with_the_spread_between_them():
     assert cells.loc[("llama_32x512", "0.5.13", "pcg"), 128] == "11.00 [10.00–12.00]"
     assert "median [lowest–highest] of 3 engine starts" in cells.columns.name
     # one start that did not answer: the variant did not
-    bad = R.frame([_starts_run(t, {("pcg", 1): "timeout: no exit"})])
+    bad = R.frame([starts_run(t, {("pcg", 1): "timeout: no exit"})])
     assert S.started(bad)[("llama_32x512", "0.5.13", "pcg")] is False
-
-
-def _ratio_run(model: str, off: float, again: float, created: str = "2026-11-27T00:00:00Z"):
-    """Three interleaved starts: pcg 10 ms, pcg-off ``off`` ms, its A/A copy ``again`` ms."""
-    t = {}
-    for s in range(3):
-        t[("pcg", s)], t[("pcg-off", s)] = {128: 10.0}, {128: off}
-        t[("pcg-off-again", s)] = {128: again}
-    return _starts_run(t, model=model, created=created)
 
 
 def test_each_start_is_set_beside_what_the_host_did_meanwhile():
     """pcg-off's second start is slow as a whole (40 ms at both lengths) and had 20% of its CPU
     time stolen: its row says so; the launch pass (host figures, no timing) has no row."""
     t = {("pcg-off", s): {128: ms, 256: ms} for s, ms in enumerate((20.0, 40.0))}
-    run = _starts_run(t)
+    run = starts_run(t)
     extra = []
     for start, steal in ((0, 0.5), (1, 20.0), (2, 1.0)):
         base = {
@@ -485,7 +417,7 @@ def test_each_start_is_set_beside_what_the_host_did_meanwhile():
         "CPU stolen (%)": 20.0
     }
     assert str(got["engine preempted (switches)"].dtype) == "Int64"  # a count: 10, not 10.0
-    assert S.starts_and_host(R.frame([_starts_run(t)]), "prefill").empty  # recorded before
+    assert S.starts_and_host(R.frame([starts_run(t)]), "prefill").empty  # recorded before
 
 
 def _both(df, stat):
@@ -499,9 +431,9 @@ BOTH = ("fastest", "median")
 def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
     """Llama 2.0× on one day and 1.5× on the next, each at its host's per-launch cost: a row per
     run, a column per statistic and the drift of the first; Kimi, recorded once, has no rerun."""
-    day1 = _ratio_run("llama_32x512", 20.0, 21.0, "2026-11-27T10:00:00Z")
-    day2 = _ratio_run("llama_32x512", 15.0, 15.3, "2026-11-28T10:00:00Z")
-    kimi = _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
+    day1 = ratio_run("llama_32x512", 20.0, 21.0, "2026-11-27T10:00:00Z")
+    day2 = ratio_run("llama_32x512", 15.0, 15.3, "2026-11-28T10:00:00Z")
+    kimi = ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
     for r, us in ((day1, 10.0), (day2, 7.0)):
         r.manifest.host_launch_us = {"before": {"median": us}, "after": {"median": us}}
     got = S.reruns(runs.RunSet([day2, kimi, day1]), _both, BOTH)
@@ -514,7 +446,7 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
     assert got.iloc[0]["drift"] == "0%"
     assert S.reruns(runs.RunSet([day1, kimi]), _both, BOTH).empty
     # the same day again with its engines pinned (--cpus): a row of its own that says so
-    pinned = _ratio_run("llama_32x512", 18.0, 18.5, "2026-11-28T11:00:00Z")
+    pinned = ratio_run("llama_32x512", 18.0, 18.5, "2026-11-28T11:00:00Z")
     for e in pinned.manifest.engine_runs:
         e["cpus"] = [0, 1, 2, 3]
     got = S.reruns(runs.RunSet([day1, day2, pinned]), _both, BOTH)
@@ -528,7 +460,7 @@ def test_a_tie_between_gpu_models_shows_the_model_that_recorded_first(monkeypatc
     tables, in whatever order the runs are found; one H200 run more and the H200 takes them."""
 
     def make(gpu, *when):
-        made = [_ratio_run("llama_32x512", 20.0, 21.0, t) for t in when]
+        made = [ratio_run("llama_32x512", 20.0, 21.0, t) for t in when]
         for r in made:
             r.manifest.gpu_name = gpu
         return made
@@ -546,14 +478,14 @@ def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch
     variants (H100), the H200 run waits in ``elsewhere``; in the rerun table it has its own row,
     and its drift is against the first H200 run, never against an H100 run."""
     h100 = [
-        _ratio_run("llama_32x512", 20.0, 21.0, "2026-11-27T10:00:00Z"),
-        _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
+        ratio_run("llama_32x512", 20.0, 21.0, "2026-11-27T10:00:00Z"),
+        ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
     ]
     h200 = [
-        _ratio_run("llama_32x512", 30.0, 30.5, t)
+        ratio_run("llama_32x512", 30.0, 30.5, t)
         for t in ("2026-11-28T10:00:00Z", "2026-11-28T12:00:00Z")
     ]
-    h200[1] = _ratio_run("llama_32x512", 24.0, 24.5, "2026-11-28T12:00:00Z")
+    h200[1] = ratio_run("llama_32x512", 24.0, 24.5, "2026-11-28T12:00:00Z")
     for r in h200:
         r.manifest.gpu_name = "NVIDIA H200"
     monkeypatch.setattr(R.runs, "load_all_recorded", lambda exp: [h200[1], *h100, h200[0]])
@@ -585,7 +517,7 @@ def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
 def test_the_header_names_the_hosts_per_launch_cost_once_per_gpu_model(capsys):
     """One line per GPU model, the span of its runs' costs (each run's own is in 07); a failed
     measurement is not a number, and a run without one prints nothing."""
-    run = _starts_run({("pcg", 0): {128: 10.0}})
+    run = starts_run({("pcg", 0): {128: 10.0}})
     run.manifest.host_launch_us = {"before": {"median": 2.41}, "after": {"error": "x"}}
     other = copy.deepcopy(run)
     other.manifest.host_launch_us = {"before": {"median": 3.02}, "after": {"median": 2.60}}

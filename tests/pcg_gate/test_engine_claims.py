@@ -17,94 +17,28 @@ from sglab.core import runs
 from sglab.pcg_gate import claims as pg
 from sglab.pcg_gate import show as pg_show
 from sglab.pcg_gate import tables as pg_tables
+from tests.edits import edited, engine_run, ratio_run, starts_run, statuses
 
 
 pytestmark = pytest.mark.long(20)
 
 
-def _run(exp: str, contains: str):
-    """The committed engine run of ``exp`` in which variant ``contains`` started."""
-    for r in runs.load_all_recorded(exp):
-        st = r.df[(r.df.metric == "status") & (r.df.variant == contains)]
-        if (st.value == "ok").any():
-            return r
-    pytest.skip(f"no committed {exp} run with {contains}")
-
-
-def _edit(run, variant: str, metric: str, value, requests=None):
-    df = run.df.copy()
-    sel = (df.variant == variant) & (df.metric == metric)
-    if requests is not None:
-        sel &= df.requests == requests
-    assert sel.any(), (variant, metric)
-    df.loc[sel, "value"] = value
-    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
-
-
-def _status(mod, run) -> dict:
-    return {r.claim.id: r.status for r in C.evaluate(mod, run)}
-
-
-def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x512",
-                created: str = "2026-11-28T00:00:00Z"):
-    """A bench run of 01's Llama cases (or of ``model``): ``times[(case, start)] = {input_len:
-    ms}``, ``ms`` the start's median repeat, or ``(median, fastest)`` repeat (else the same)."""
-    rows, entries = [], []
-    for (case, start), per in times.items():
-        variant = f"0.5.13+{case}"
-        base = {
-            "experiment": "engine_pcg_gate", "variant": variant, "release": "0.5.13", "case": case,
-            "tool": "bench", "start": start
-        }
-        st = (status or {}).get((case, start), "ok")
-        rows.append({**base, "metric": "status", "value": st, "unit": ""})
-        rows.append({
-            **base, "metric": "pcg", "value": "captured" if case == "pcg" else "disabled",
-            "unit": ""
-        })
-        for n, ms in per.items():
-            med, low = ms if isinstance(ms, tuple) else (ms, ms)
-            rows += [
-                {**base, "batch_size": 1, "input_len": n, "metric": m, "value": v, "unit": "ms"}
-                for m, v in (("prefill", med), ("prefill_min", low))
-            ]
-        entries.append({
-            "variant": variant, "release": "0.5.13", "case": case, "model": {"name": model}
-        })
-    df = runs.tidy("engine_pcg_gate", rows)
-    manifest = {
-        "experiment": "engine_pcg_gate", "created_utc": created,
-        "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "engine_runs": entries,
-        "method_version": 1
-    }
-    return runs.Run(df, manifest, runs.repo_root() / f"{model}-{created[:10]}.csv")
-
-
-def _ratio_run(model: str, off: float, again: float, created: str = "2026-11-27T00:00:00Z"):
-    """Three interleaved starts: pcg 10 ms, pcg-off ``off`` ms, its A/A copy ``again`` ms."""
-    t = {}
-    for s in range(3):
-        t[("pcg", s)], t[("pcg-off", s)] = {128: 10.0}, {128: off}
-        t[("pcg-off-again", s)] = {128: again}
-    return _starts_run(t, model=model, created=created)
-
-
 def test_pcg_engine_claims_read_the_releases_own_decision():
-    before = _run("engine_pcg_gate", "0.5.12.post1+enforce")
-    assert _status(pg.ENGINE, before)["engine_pcg_gate.kimi_gate"] == "pass"
-    captured = _edit(before, "0.5.12.post1+enforce", "pcg", "captured")
-    assert _status(pg.ENGINE, captured)["engine_pcg_gate.kimi_gate"] == "fail"
-    after = _run("engine_pcg_gate", "0.5.13+enforce")
-    st = _status(pg.ENGINE, after)
+    before = engine_run("engine_pcg_gate", "0.5.12.post1+enforce")
+    assert statuses(pg.ENGINE, before)["engine_pcg_gate.kimi_gate"] == "pass"
+    captured = edited(before, "0.5.12.post1+enforce", "pcg", "captured")
+    assert statuses(pg.ENGINE, captured)["engine_pcg_gate.kimi_gate"] == "fail"
+    after = engine_run("engine_pcg_gate", "0.5.13+enforce")
+    st = statuses(pg.ENGINE, after)
     assert {k
             for k, v in st.items() if v != "pass"} == {  # a tiny run: no full-width model
                 "engine_pcg_gate.full_width_ttft", "engine_pcg_gate.full_width_prefill",
                 "engine_pcg_gate.full_width_decode", "engine_pcg_gate.full_width_attention"
             }
-    refused = _edit(after, "0.5.13+enforce", "pcg", "disabled")
-    assert _status(pg.ENGINE, refused)["engine_pcg_gate.kimi_gate"] == "fail"
-    on_by_default = _edit(after, "0.5.13+default", "pcg", "captured")
-    assert _status(pg.ENGINE, on_by_default)["engine_pcg_gate.kimi_default_off"] == "fail"
+    refused = edited(after, "0.5.13+enforce", "pcg", "disabled")
+    assert statuses(pg.ENGINE, refused)["engine_pcg_gate.kimi_gate"] == "fail"
+    on_by_default = edited(after, "0.5.13+default", "pcg", "captured")
+    assert statuses(pg.ENGINE, on_by_default)["engine_pcg_gate.kimi_default_off"] == "fail"
 
 
 def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
@@ -139,7 +73,7 @@ def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
         t[("pcg", s)] = {128: 10.0}
         t[("pcg-off", s)] = {128: 20.0}
         t[("pcg-off-again", s)] = {128: again}
-    run = _starts_run(t)
+    run = starts_run(t)
     noise = abs(20.0 / again - 1)
     assert S.aa_gap(R.frame([run]), "prefill",
                     "input_len") == {("llama_32x512", "0.5.13"): pytest.approx(noise)}
@@ -156,8 +90,8 @@ def test_each_model_clears_the_aa_gap_of_its_own_release(kimi_again, status):
     """Llama 2× over a 5% gap; Kimi 1.5× (15 ms / 10 ms) over a 25% gap holds, over a 50% gap it
     does not, whatever Llama's margin."""
     run = R.merged([
-        _ratio_run("llama_32x512", 20.0, 21.0),
-        _ratio_run("kimi_k25_tiny", 15.0, kimi_again, "2026-11-27T01:00:00Z")
+        ratio_run("llama_32x512", 20.0, 21.0),
+        ratio_run("kimi_k25_tiny", 15.0, kimi_again, "2026-11-27T01:00:00Z")
     ])
     got = {r.claim.id: r
            for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
@@ -177,10 +111,10 @@ def test_a_rerun_of_one_model_is_compared_with_that_models_record(rerun_off, dri
     from sglab.tools import verify
 
     record = R.merged([
-        _ratio_run("llama_32x512", 20.0, 21.0),
-        _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T01:00:00Z")
+        ratio_run("llama_32x512", 20.0, 21.0),
+        ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T01:00:00Z")
     ])
-    rerun = _ratio_run("llama_32x512", rerun_off, rerun_off * 1.02, "2026-11-28T00:00:00Z")
+    rerun = ratio_run("llama_32x512", rerun_off, rerun_off * 1.02, "2026-11-28T00:00:00Z")
     v = verify.verify_run(rerun, against=True, reference=record)
     rows = {
         d["value"]: d
@@ -205,10 +139,10 @@ def test_a_rerun_is_held_to_the_range_of_every_recorded_machine(rerun_off, drift
     (drift 0); 2.6× lies +30% beyond the range, and fails. The launch counts' exact claim is not
     widened: a count must equal one the record holds."""
     record = [
-        _ratio_run("llama_32x512", 20.0, 20.2, "2026-11-27T00:00:00Z"),
-        _ratio_run("llama_32x512", 15.0, 15.1, "2026-11-28T00:00:00Z")
+        ratio_run("llama_32x512", 20.0, 20.2, "2026-11-27T00:00:00Z"),
+        ratio_run("llama_32x512", 15.0, 15.1, "2026-11-28T00:00:00Z")
     ]
-    rerun = _ratio_run("llama_32x512", rerun_off, rerun_off, "2026-11-29T00:00:00Z")
+    rerun = ratio_run("llama_32x512", rerun_off, rerun_off, "2026-11-29T00:00:00Z")
     assert C.reference(rerun, [*record, rerun])[2] == record
     ref = R.merged(record)
     alone = C.compare(pg.ENGINE, rerun, ref).drift
@@ -228,7 +162,7 @@ def test_a_speed_up_reads_each_variants_fastest_start_and_its_aa_gap_too():
     for s, (off, again) in enumerate(((20.0, 40.0), (40.0, 20.0), (40.0, 20.0))):
         t[("pcg", s)], t[("pcg-off", s)], t[("pcg-off-again", s)] = {128: 10.0}, {128: off
                                                                                   }, {128: again}
-    run = _starts_run(t)
+    run = starts_run(t)
     df = R.frame([run])
     key = ("llama_32x512", "0.5.13")
     assert S.aa_gap(df, "prefill", "input_len")[key] == pytest.approx(1.0)
@@ -255,7 +189,7 @@ def test_the_claim_reads_the_fastest_repeat_of_any_start():
     for s, med in enumerate((40.0, 40.0, 30.0)):
         t[("pcg", s)], t[("pcg-off", s)] = {128: 10.0}, {128: (med, 20.0)}
         t[("pcg-off-again", s)] = {128: (35.0, 21.0)}
-    run = _starts_run(t)
+    run = starts_run(t)
     df = R.frame([run])
     key = (*("llama_32x512", "0.5.13"), "pcg")
     assert pg_tables.engine_ratios(df, "fastest") == {key: {128: 3.0}}
@@ -272,7 +206,7 @@ def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_sav
     t = {("pcg", s): {128: 10.0}
          for s in range(3)} | {("pcg-off", s): {128: 16.0}
                                for s in range(3)}
-    run = _starts_run(t)
+    run = starts_run(t)
     counts = []
     for case, kernels, graphs in (("pcg", 40, 3), ("pcg-off", 1040, 0)):
         base = {
@@ -302,7 +236,7 @@ def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
     for h, (on, off) in {512: (10.0, 20.0), 4096: (50.0, 52.0)}.items():
         t[(f"w{h}-pcg", 0)] = {128: on}
         t[(f"w{h}-off", 0)] = {128: off}
-    run = _starts_run(t)
+    run = starts_run(t)
     df = R.frame([run])
     for case in ("w512-pcg", "w4096-pcg"):  # _starts_run marks only "pcg" captured
         df.loc[(df.case == case) & (df.metric == "pcg"), "value"] = "captured"
@@ -327,25 +261,25 @@ def test_the_launch_pass_counts_are_claimed_exactly():
     """0.5.13 captures Kimi-K2.5 tiny: 2 layers + 1 graphs at every length; 0.5.12.post1 refuses
     and launches exactly what pcg-off launches. One graph or one kernel off breaks the claim."""
     cid = "engine_pcg_gate.prefill_launches"
-    after = _run("engine_pcg_gate", "0.5.13+enforce")
-    assert _status(pg.ENGINE, after)[cid] == "pass"
+    after = engine_run("engine_pcg_gate", "0.5.13+enforce")
+    assert statuses(pg.ENGINE, after)[cid] == "pass"
     counts = pg_tables.launch_counts(R.frame([after]))
     assert set(counts.loc[("kimi_k25_tiny", "0.5.13", "enforce"), "graphs"]) == {3}
     assert (counts.loc[("kimi_k25_tiny", "0.5.13", "pcg-off"), "graphs"] == 0).all()
     assert pg_tables.launch_counts(pd.DataFrame()).empty  # no engine run: no counts, no error
     one_less = _set(after, "0.5.13+enforce", "prefill_graph_launches", 2, input_len=512.0)
-    assert _status(pg.ENGINE, one_less)[cid] == "fail"
-    before = _run("engine_pcg_gate", "0.5.12.post1+enforce")
-    assert _status(pg.ENGINE, before)[cid] == "pass"
+    assert statuses(pg.ENGINE, one_less)[cid] == "fail"
+    before = engine_run("engine_pcg_gate", "0.5.12.post1+enforce")
+    assert statuses(pg.ENGINE, before)[cid] == "pass"
     one_more = _set(before, "0.5.12.post1+enforce", "prefill_kernel_launches", 99, input_len=128.0)
-    assert _status(pg.ENGINE, one_more)[cid] == "fail"
+    assert statuses(pg.ENGINE, one_more)[cid] == "fail"
     no_pass = runs.Run(after.df[~after.df.metric.str.endswith("_launches")], after.manifest,
                        after.path)
-    assert _status(pg.ENGINE, no_pass)[cid] == C.NA
+    assert statuses(pg.ENGINE, no_pass)[cid] == C.NA
 
 
 def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
-    run = _run("engine_pcg_gate", "0.5.13+enforce")
+    run = engine_run("engine_pcg_gate", "0.5.13+enforce")
     t = pg_show.launch_savings(R.frame([run]), lambda *variant: 10.0)
     row = t.loc[("kimi_k25_tiny", "0.5.13", "enforce", 128)]
     assert row["launch cost alone (ms)"] == pytest.approx(row["removed"] * 10.0 / 1e3, abs=1e-3)
@@ -363,7 +297,7 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
     for s, (on, off) in enumerate(((10.0, 20.0), (8.0, 22.0), (12.0, 18.0))):
         t[("w512-pcg", s)] = {128: on}
         t[("w512-off", s)] = {128: off}
-    run = _starts_run(t)
+    run = starts_run(t)
     run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
     row = pg_tables.width_gains(R.frame([run])).iloc[0]
     assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (18.0 / 8.0, 18.0 / 12.0,
@@ -381,8 +315,8 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
     without a sweep gets no panel."""
 
     def sweep(gpu, gain, us, created):
-        run = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 10.0 * gain}},
-                          created=created)
+        run = starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 10.0 * gain}},
+                         created=created)
         run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
         run.manifest.gpu_name = gpu
         run.manifest.host_launch_us = {"before": {"median": us - 1}, "after": {"median": us + 1}}
@@ -390,7 +324,7 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
 
     h100 = sweep("NVIDIA H100 80GB HBM3", 2.0, 8.0, "2026-11-27T00:00:00Z")
     h200 = sweep("NVIDIA H200", 1.5, 11.0, "2026-11-28T00:00:00Z")
-    no_sweep = _starts_run({("pcg", 0): {128: 10.0}}, created="2026-11-28T01:00:00Z")
+    no_sweep = starts_run({("pcg", 0): {128: 10.0}}, created="2026-11-28T01:00:00Z")
     no_sweep.manifest.gpu_name = "NVIDIA B200"
     drawn = []
     monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
@@ -412,7 +346,7 @@ def test_a_width_swept_on_two_machines_is_drawn_from_the_newest_with_no_table(mo
         for h, per in gains.items():
             t[(f"w{h}-pcg", 0)] = {n: 10.0 for n in per}
             t[(f"w{h}-off", 0)] = {n: 10.0 * g for n, g in per.items()}
-        run = _starts_run(t, created=created)
+        run = starts_run(t, created=created)
         run.df.loc[run.df.case.str.endswith("-pcg") & (run.df.metric == "pcg"),
                    "value"] = "captured"
         run.manifest.host_launch_us = {"before": {"median": us}, "after": {"median": us}}
@@ -433,13 +367,13 @@ def test_kimi_at_full_width_is_a_point_on_its_gpu_models_width_panel(monkeypatch
     over the starts, squares labelled hidden 7168, hollow where the launch pass saw no graph
     replayed (4096 tokens: beyond the MLA capture cap); a GPU model with only the full-width run
     still gets its panel."""
-    llama = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 20.0}})
+    llama = starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 20.0}})
     llama.df.loc[(llama.df.case == "w512-pcg") & (llama.df.metric == "pcg"), "value"] = "captured"
     t = {}
     for s, (on, off) in enumerate(((4.0, 6.0), (5.0, 6.5), (4.5, 5.5))):
         t[("enforce", s)] = {128: on, 4096: 40.0}
         t[("pcg-off", s)] = {128: off, 4096: 30.0}
-    kimi = _starts_run(t, model="kimi_k25_full", created="2026-11-29T00:00:00Z")
+    kimi = starts_run(t, model="kimi_k25_full", created="2026-11-29T00:00:00Z")
     launch = kimi.df[(kimi.df.metric == "prefill") & (kimi.df.case == "enforce")
                      & (kimi.df.start == 0)].assign(metric="prefill_graph_launches", start=3)
     launch["value"] = [4 if n == 128 else 0 for n in launch.input_len]
@@ -603,11 +537,11 @@ def test_beyond_its_largest_capture_a_full_width_step_launches_what_pcg_off_laun
     counts = pg_tables.launch_counts(R.frame([run])).loc[("kimi_k25_full", "0.5.13", "enforce")]
     assert set(counts.cap) == {2048}
     assert counts.loc[4096, "graphs"] == 0 and set(counts.loc[:2048, "graphs"]) == {3}
-    assert _status(pg.ENGINE, run)[cid] == "pass"
+    assert statuses(pg.ENGINE, run)[cid] == "pass"
     replayed = _set(run, "0.5.13+enforce", "prefill_graph_launches", 3, input_len=4096.0)
-    assert _status(pg.ENGINE, replayed)[cid] == "fail"
+    assert statuses(pg.ENGINE, replayed)[cid] == "fail"
     more = _set(run, "0.5.13+enforce", "prefill_kernel_launches", 66, input_len=4096.0)
-    assert _status(pg.ENGINE, more)[cid] == "fail"
+    assert statuses(pg.ENGINE, more)[cid] == "fail"
     # nothing removed at 4096 tokens: the saving per removed launch leaves that length out
     saved = pg_show.launch_savings(R.frame([run]), lambda *variant: 10.0)
     assert list(saved.loc[("kimi_k25_full", "0.5.13", "enforce")].index) == [128, 512, 1024, 2048]
@@ -618,19 +552,19 @@ def test_the_full_width_claims_read_which_way_ttft_prefill_and_decode_move():
     fails. A decode step 5% slower with piecewise graphs breaks the decode claim."""
     serve, bench = _full("serve"), _full("bench")
     top, pre, dec = ("engine_pcg_gate.full_width_" + k for k in ("ttft", "prefill", "decode"))
-    assert {k: _status(pg.ENGINE, serve)[k]
+    assert {k: statuses(pg.ENGINE, serve)[k]
             for k in (top, pre, dec)} == {top: "pass", pre: C.NA, dec: "pass"}
-    assert {k: _status(pg.ENGINE, bench)[k]
+    assert {k: statuses(pg.ENGINE, bench)[k]
             for k in (top, pre, dec)} == {top: C.NA, pre: "pass", dec: "pass"}
     swapped = serve.df.copy()
     swapped["case"] = swapped["case"].replace({"enforce": "pcg-off", "pcg-off": "enforce"})
     swapped = runs.Run(swapped, serve.manifest, serve.path)
-    assert _status(pg.ENGINE, swapped)[top] == "fail"
+    assert statuses(pg.ENGINE, swapped)[top] == "fail"
     slower = _scaled(bench, "enforce", "decode", 1.05)
-    st = _status(pg.ENGINE, slower)
+    st = statuses(pg.ENGINE, slower)
     assert st[dec] == "fail" and st[top] == "fail"  # a failing folded check fails its claim
     flat = _scaled(bench, "enforce", "prefill_min", 0.6)  # enforced faster at every length
-    assert _status(pg.ENGINE, flat)[pre] == "fail"
+    assert statuses(pg.ENGINE, flat)[pre] == "fail"
 
 
 def test_each_decode_source_is_held_to_its_own_a_a_gap():
@@ -638,9 +572,9 @@ def test_each_decode_source_is_held_to_its_own_a_a_gap():
     A/A copies lie 20% apart: one source's noise does not widen the other's bound."""
     dec, serve = "engine_pcg_gate.full_width_decode", _full("serve")
     noisy = _scaled(_full("bench"), "pcg-off-again", "decode", 1.2)
-    assert _status(pg.ENGINE, R.merged([serve, noisy]))[dec] == "pass"
+    assert statuses(pg.ENGINE, R.merged([serve, noisy]))[dec] == "pass"
     slower = _scaled(serve, "enforce", "tpot", 1.05)
-    assert _status(pg.ENGINE, R.merged([slower, noisy]))[dec] == "fail"
+    assert statuses(pg.ENGINE, R.merged([slower, noisy]))[dec] == "fail"
 
 
 def test_on_a_rerun_each_decode_source_is_widened_by_its_own_a_a_gap_alone():
@@ -679,8 +613,8 @@ def test_short_prompts_need_no_ttft_gain_but_must_not_lose_beyond_the_a_a_gap():
         ]
         return runs.Run(d, copy.deepcopy(serve.manifest), serve.path)
 
-    assert _status(pg.ENGINE, enforced_at_128(1.0))[top] == "pass"
-    assert _status(pg.ENGINE, enforced_at_128(1.1))[top] == "fail"
+    assert statuses(pg.ENGINE, enforced_at_128(1.0))[top] == "pass"
+    assert statuses(pg.ENGINE, enforced_at_128(1.1))[top] == "fail"
 
 
 def test_the_prefill_claim_reads_the_a_a_gap_at_each_length():
@@ -696,8 +630,8 @@ def test_the_prefill_claim_reads_the_a_a_gap_at_each_length():
         return runs.Run(df, copy.deepcopy(run.manifest), run.path)
 
     short = scaled(scaled(bench, "enforce", 128, 0.7), "pcg-off-again", 128, 0.75)
-    assert _status(pg.ENGINE, short)[pre] == "pass"
-    assert _status(pg.ENGINE, scaled(short, "pcg-off-again", 2048, 0.75))[pre] == "fail"
+    assert statuses(pg.ENGINE, short)[pre] == "pass"
+    assert statuses(pg.ENGINE, scaled(short, "pcg-off-again", 2048, 0.75))[pre] == "fail"
 
 
 def test_the_attention_claim_reads_the_kernel_time_of_a_captured_and_an_eager_step():
@@ -711,7 +645,7 @@ def test_the_attention_claim_reads_the_kernel_time_of_a_captured_and_an_eager_st
     ]
     if not timed:
         pytest.skip("no committed full-width run with kernel time")
-    assert _status(pg.ENGINE, timed[0])[att] == "pass"
-    assert _status(pg.ENGINE, _scaled(timed[0], "enforce", "prefill_attention_ms",
-                                      0.4))[att] == ("fail")
-    assert _status(pg.ENGINE, _full("serve"))[att] == C.NA
+    assert statuses(pg.ENGINE, timed[0])[att] == "pass"
+    assert statuses(pg.ENGINE, _scaled(timed[0], "enforce", "prefill_attention_ms",
+                                       0.4))[att] == ("fail")
+    assert statuses(pg.ENGINE, _full("serve"))[att] == C.NA

@@ -4,23 +4,11 @@ after the Appendix heading; the method tables (host probe, every run's verdicts)
 
 from __future__ import annotations
 
-from pathlib import Path
-
-
-BOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_pcg_gate.py"
-
-
-def _cells() -> list[str]:
-    return [c.strip() for c in BOOK.read_text().split("# %%")[1:]]
+from tests import card_story_appendix
 
 
 def test_the_card_comes_first_and_the_gpu_tables_after_the_appendix():
-    cells = _cells()
-    code = [c for c in cells if not c.startswith("[markdown]")]
-    assert code[0].startswith('tags=["parameters"]')
-    assert code[1].rstrip().endswith("card(sglang.FIX, claims, run, engine)")
-    appendix = next(i for i, c in enumerate(cells) if c.startswith("[markdown]\n# ## Appendix"))
-    story, after = "\n".join(cells[:appendix]), "\n".join(cells[appendix:])
+    story, after = card_story_appendix("01_pcg_gate")
     assert story.count("reveal(") == 2 and "codepath.show(" in story
     assert story.index("serving.show(engine)") < story.index(
         "engine_view.section(show.VIEW, engine, claims.ENGINE)") < story.index(

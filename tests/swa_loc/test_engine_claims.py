@@ -13,31 +13,11 @@ from sglab.core import engine_records as R
 from sglab.core import engine_stats as S
 from sglab.core import runs
 from sglab.swa_loc import claims
+from tests.edits import edited, engine_run, statuses
 
 
 pytestmark = pytest.mark.long(20)
 ENGINE = "engine_swa_loc"
-
-
-def _run(contains: str):
-    """The committed engine run in which variant ``contains`` started."""
-    for r in runs.load_all_recorded(ENGINE):
-        st = r.df[(r.df.metric == "status") & (r.df.variant == contains)]
-        if (st.value == "ok").any():
-            return r
-    pytest.skip(f"no committed {ENGINE} run with {contains}")
-
-
-def _edit(run, variant: str, metric: str, value):
-    df = run.df.copy()
-    sel = (df.variant == variant) & (df.metric == metric)
-    assert sel.any(), (variant, metric)
-    df.loc[sel, "value"] = value
-    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
-
-
-def _status(run) -> dict:
-    return {r.claim.id: r.status for r in C.evaluate(claims.ENGINE, run)}
 
 
 def _several_starts(variant: str) -> list:
@@ -58,15 +38,15 @@ def _one_start_counts_one_more(run):
 
 
 def test_swa_engine_claim_is_the_rebuilds_two_kernels_per_swa_layer():
-    run = _run("0.5.11+before")
+    run = engine_run(ENGINE, "0.5.11+before")
     out = C.evaluate(claims.ENGINE, run)[0].outcome
     assert out.status == "pass" and out.value["per_swa_layer"] == claims.EXTRA_PER_SWA_LAYER
     assert out.value["before"] - out.value["released"] == 2 * out.value["swa_layers"]
     one_more = out.value["before"] + 1
-    bad = _edit(run, "0.5.11+before", "decode_kernels_per_replay", str(float(one_more)))
-    assert _status(bad)["engine_swa_loc.reverted_preset_extra_kernels"] == "fail"
-    gone = _edit(run, "0.5.11+before", "status", "error")
-    assert _status(gone)["engine_swa_loc.reverted_preset_extra_kernels"] == "n/a"
+    bad = edited(run, "0.5.11+before", "decode_kernels_per_replay", str(float(one_more)))
+    assert statuses(claims.ENGINE, bad)["engine_swa_loc.reverted_preset_extra_kernels"] == "fail"
+    gone = edited(run, "0.5.11+before", "status", "error")
+    assert statuses(claims.ENGINE, gone)["engine_swa_loc.reverted_preset_extra_kernels"] == "n/a"
 
 
 def test_swa_replay_counts_are_one_number_per_variant_over_its_starts():
@@ -114,7 +94,7 @@ def test_swa_replay_counts_are_the_same_on_h100_and_h200():
         assert rows and all(d["tolerance"] == "exact" and not d["beyond"] for d in rows), rows
     first = pairs[0][0]
     variant = first.df[first.df.metric == "decode_kernels_per_replay"].variant.iloc[0]
-    bumped = _edit(first, variant, "decode_kernels_per_replay", "1")
+    bumped = edited(first, variant, "decode_kernels_per_replay", "1")
     rows = [
         d for d in verify.verify_run(bumped, against=True, reference=pairs[0][1]).comparison.drift
         if d["claim"] == claim
