@@ -21,6 +21,9 @@ def test_a_node_links_to_its_line_at_the_release_tag():
                   f"swa_memory_pool.py#L{line}")
     page = codepath.html_path("0.5.11", [NODE, NODE], "the path")
     assert page.count("<a href=") == 2 and page.count("→") == 1 and f":{line}" in page
+    # a long name wraps at its dots and slashes, not inside a word: a break offered after each
+    assert page.count("<code style='font-size:12px'>SWAKVPool.<wbr>set_kv_buffer</code>") == 2
+    assert page.count(f"srt/<wbr>mem_cache/<wbr>swa_memory_pool.py:{line}</small>") == 2
 
 
 def test_a_symbol_the_release_lacks_links_to_its_file():

@@ -52,14 +52,14 @@ def html_path(version: str, nodes, title: str = "") -> str:
     """The path as HTML: boxes left to right, an arrow between each, each box a link."""
     boxes = []
     for n in nodes:
-        line = line_of(version, n)
-        where = f"{n.path}:{line}" if line else n.path
+        where = f"{n.path}:{line}" if (line := line_of(version, n)) else n.path
+        symbol = html.escape(n.symbol).replace(".", ".<wbr>")  # long names wrap at dots and slashes
         boxes.append(
             f"<a href='{html.escape(url(version, n))}' style='text-decoration:none;color:inherit'>"
             "<div style='border:1px solid #aab7b8;border-radius:6px;padding:.35em .6em;"
             "background:#f4f6f7;min-width:11em;max-width:19em;overflow-wrap:anywhere'>"
-            f"<code style='font-size:12px'>{html.escape(n.symbol)}</code><br>"
-            f"<small style='color:#566573'>{html.escape(where)}</small>" +
+            f"<code style='font-size:12px'>{symbol}</code><br>"
+            f"<small style='color:#566573'>{html.escape(where).replace('/', '/<wbr>')}</small>" +
             (f"<br><small>{html.escape(n.note)}</small>" if n.note else "") + "</div></a>")
     arrow = "<div style='align-self:center;font-size:18px;color:#7f8c8d'>→</div>"
     head = f"<p><b>{html.escape(title)}</b> (sglang {html.escape(version)})</p>" if title else ""
