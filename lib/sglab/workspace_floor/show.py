@@ -256,7 +256,7 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(_ticks())
     ax.set(
-        ylim=(0.8, 2**15), xlim=(-5, xmax), ylabel="tokens (log2)",
+        ylim=(0.8, 2**16), xlim=(-5, xmax), ylabel="tokens (log2)",
         xlabel=f"forward step of the '{trace_name}' trace (steps {xmax}–{len(tokens)}: no "
         "creation under any policy)", title=f"A cold start on short prompts, W={W}, "
         f"H={hidden_dim}: the workspace each call site holds")
