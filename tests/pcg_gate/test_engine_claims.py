@@ -443,8 +443,8 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     run = notebook.Workbook(pg, mode="recorded", show=False).run()
     p = K.parts(pg.CARD, pg_sglang.FIX, pg, run, engine)
     head = p["engine"]
-    assert head.index("At Kimi-K2.5's real widths") < head.index("Default flags")
-    assert head.index("Default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
+    assert head.index("At Kimi-K2.5's real widths") < head.index("default flags")
+    assert head.index("default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
         "--enforce-piecewise-cuda-graph: disabled on 0.5.12.post1, captured on 0.5.13")
     # the real widths' prefill and launches first, the tiny model's after, under its own name
     first = R.per_gpu(engine)[0]
@@ -457,7 +457,7 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
             f"128 tokens and {1 / full['2048 tokens'] - 1:.0%} longer at 2048, a captured step "
             f"launching {on['kernels_min']} kernels + {on['graphs']} graphs instead of "
             f"{off['kernels_min']}–{off['kernels_max']}")
-    assert real in head and head.index(real) < head.index("Default flags")
+    assert real in head and head.index(real) < head.index("default flags")
     tiny = launches["kimi_k25_tiny 0.5.13 enforce"], launches["kimi_k25_tiny 0.5.13 pcg-off"]
     said = (f"on the tiny Kimi-K2.5 (kimi_k25_tiny), a captured prefill step launches "
             f"{tiny[0]['kernels_min']} kernels + {tiny[0]['graphs']} graphs instead of "

@@ -462,7 +462,7 @@ ENGINE = engine_claims(
             f"of {{v[{_L}][{_KF} pcg-off][kernels_min]}}–{{v[{_L}][{_KF} pcg-off][kernels_max]}}",
             f"why: inside the graphs the release runs its attention absorbed (MLA), eager as MHA, "
             f"and absorbed it takes {{v[{_A}][{_FULL} 2048]:.1f}}× the GPU time at 2048 tokens",
-            f"Default flags: {_per_release(_D)}",
+            f"default flags: {_per_release(_D)}",
             f"--enforce-piecewise-cuda-graph: {_per_release(_G)}",
             f"on the tiny Kimi-K2.5 ({KIMI}), a captured prefill step launches {{v[{_L}][{_K} "
             f"enforce][kernels_min]}} kernels + {{v[{_L}][{_K} enforce][graphs]}} graphs instead "
