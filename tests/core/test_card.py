@@ -67,6 +67,27 @@ def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
     assert "<b>The rebuild.</b> the rebuild says" in K.html_card(p)
 
 
+def test_an_engine_answer_of_several_lines_is_a_list_under_its_first_on_the_card_only():
+    """Its first line leads; the other lines are a list, in the notebook (through nbconvert) and on
+    the report's index; the verdicts follow the list; the README's row reads them as clauses."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    p = {
+        "bug": "b", "affects": "a", "releases": "r", "engine": "The claim.\nfirst part\nsecond",
+        "engine_verdicts": ["5/5 claims hold"], "rebuild": "x", "rebuild_verdicts": [], "found": []
+    }
+    page = markdown2html_mistune(K.markdown(p))
+    assert "<strong>Real SGLang engine.</strong> The claim.</p>" in page
+    listed = "<ul>\n<li>first part</li>\n<li>second</li>\n</ul>\n"
+    assert listed + "<p><em>5/5 claims hold.</em>" in page
+    index = "<b>Real SGLang engine.</b> The claim.</p><ul><li>first part</li><li>second</li></ul>"
+    assert index + "<p><b>The rebuild.</b>" in K.html_card(p)
+    assert "Real engine: The claim. first part; second Rebuild: x" in K.summary(p)
+    one = K.markdown({**p, "engine": "The claim. one line"})
+    assert "> **Real SGLang engine.** The claim. one line\n> *5/5 claims hold.*" in one
+    assert "<ul>" not in K.html_card({**p, "engine": "The claim. one line"})
+
+
 def test_a_notebooks_card_engine_section_and_verdict_evaluate_each_runs_claims_once(monkeypatch):
     """The card, the engine section's verdict lines and the Verdict section read one run's claims:
     each (claims, run) is evaluated once in the notebook's process, and read again from its memo."""

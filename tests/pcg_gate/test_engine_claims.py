@@ -443,9 +443,13 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     run = notebook.Workbook(pg, mode="recorded", show=False).run()
     p = K.parts(pg.CARD, pg_sglang.FIX, pg, run, engine)
     head = p["engine"]
+    # the claim, then one line per part: the card lists them
+    lines = head.split("\n")
+    assert lines[0] == pg.ENGINE.CLAIM and lines[1].startswith("At Kimi-K2.5's real widths")
+    assert len(lines) == 7 and lines[4].startswith("default flags: disabled on 0.5.12.post1")
     assert head.index("At Kimi-K2.5's real widths") < head.index("default flags")
     assert head.index("default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
-        "--enforce-piecewise-cuda-graph: disabled on 0.5.12.post1, captured on 0.5.13")
+        "`--enforce-piecewise-cuda-graph`: disabled on 0.5.12.post1, captured on 0.5.13")
     # the real widths' prefill and launches first, the tiny model's after, under its own name
     first = R.per_gpu(engine)[0]
     v = {r.claim.id: r.outcome.value for r in C.evaluate(pg.ENGINE, first)}

@@ -1,6 +1,5 @@
-"""A notebook's review card: the answer on its first screen, made from the recorded runs. Each fix
-declares its ``CARD`` in ``claims.py``; :func:`parts` adds the releases, the real engine's answer,
-then the rebuild's."""
+"""A notebook's review card, its first screen, from the recorded runs: each fix declares its
+``CARD`` in ``claims.py``; :func:`parts` adds the releases, the engine's answer, the rebuild's."""
 
 from __future__ import annotations
 
@@ -42,8 +41,9 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
               r=C.claim_values(claims, shown[0]) if shown else {})
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     found = [(pr, we) for pr, we in found if pr is not None and we is not None]
-    engine_said = (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
-                   if merged else engine_rs.line)
+    said = C.headline(engine, merged, merged) if merged else engine_rs.line
+    joint = "\n" if "\n" in said else " "  # a headline of several lines: a list under the claim
+    engine_said = f"{engine.CLAIM}{joint}{said}".strip() if merged else said
     rebuild_said = f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})")
     verdicts = [[C.verdict_line(C.evaluated(m, r), r) for r in got]
                 for m, got in ((engine, merged), (claims, shown))]
@@ -59,32 +59,38 @@ def markdown(p: dict) -> str:
         f"> **Releases** (read from the wheels): {p['releases']}"
     ]
     for key, name in (("engine", "Real SGLang engine"), ("rebuild", "The rebuild")):
-        lines += [">", f"> **{name}.** {p[key]}"]
+        first, *items = p[key].split("\n")  # its other lines: a list, blank lines around it
+        gap = [">"] if items else []
+        lines += [">", f"> **{name}.** {first}", *gap, *(f"> - {t}" for t in items)]
         if p[key + "_verdicts"]:
-            lines.append(f"> *{'; '.join(p[key + '_verdicts'])}.*")
+            lines += [*gap, f"> *{'; '.join(p[key + '_verdicts'])}.*"]
     if p["found"]:  # after the quote: a table inside one shows as raw pipes in nbconvert's HTML
-        lines += ["", "| the PR says | we found |", "|---|---|"]
-        lines += [f"| {cell(pr)} | {cell(we)} |" for pr, we in p["found"]]
+        lines += ["", table(["the PR says", "we found"], p["found"])]
     return "\n".join(lines)
 
 
-def cell(text: str) -> str:
-    """``text`` as one cell of a markdown table."""
-    return text.replace("|", "\\|").replace("\n", " ")
+def table(header: list[str], rows) -> str:
+    """A markdown table, each cell on one line and its pipes escaped."""
+    cells = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in [header, *rows]]
+    lines = ["| " + " | ".join(r) + " |" for r in cells]
+    return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
 
 
 def html_card(p: dict) -> str:
     """The same card as HTML, for the report's index."""
     esc = html.escape
     rows = "".join(f"<tr><td>{esc(a)}</td><td>{esc(b)}</td></tr>" for a, b in p["found"])
+    first, *items = p["engine"].split("\n")
+    listed = "".join(f"<li>{esc(t)}</li>" for t in items)
     return (
         f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Who is affected.</b> "
         f"{esc(p['affects'])}</p><p><b>Releases:</b> {esc(p['releases'])}</p><p><b>Real SGLang "
-        f"engine.</b> {esc(p['engine'])}</p><p><b>The rebuild.</b> {esc(p['rebuild'])}</p>"
+        f"engine.</b> {esc(first)}</p>{f'<ul>{listed}</ul>' if listed else ''}<p><b>The "
+        f"rebuild.</b> {esc(p['rebuild'])}</p>"
         + (f"<table><tr><th>the PR says</th><th>we found</th></tr>{rows}</table>" if rows else ""))
 
 
 def summary(p: dict) -> str:
     """The card as one paragraph, for the README index."""
-    return (f"{p['bug']} Releases: {p['releases']}. Real engine: {p['engine']} "
-            f"Rebuild: {p['rebuild']}")
+    engine = p["engine"].replace("\n", " ", 1).replace("\n", "; ")  # the list as clauses
+    return f"{p['bug']} Releases: {p['releases']}. Real engine: {engine} Rebuild: {p['rebuild']}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from sglab.core.card import cell, releases_line
+from sglab.core.card import releases_line, table
 from sglab.tools import fixes
 
 
@@ -156,11 +156,6 @@ def log_line(fix) -> str:
     return f"{releases} {said} “{line}” ({where})."
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])
-
-
 def _link(stem: str) -> str:
     return f"[{stem}]({stem}.ipynb)"
 
@@ -175,13 +170,12 @@ def affects_markdown(rows: Optional[list[dict]] = None) -> str:
         releases = "<br>".join(f"**{p}**" if p.startswith("affected") else p for p in ranges)
         out.append((_link(r["notebook"]), r["bug"], r["who"], releases,
                     f"{r['symptom']} *({r['source']})*"))
-    return _table(header, out)
+    return table(header, out)
 
 
 def reading_markdown() -> str:
-    return _table(["", "notebook", "read it for", "builds on"],
-                  [[str(i), _link(stem), teaches, on]
-                   for i, (stem, teaches, on) in enumerate(READING_ORDER, 1)])
+    rows = [[str(i), _link(s), teaches, on] for i, (s, teaches, on) in enumerate(READING_ORDER, 1)]
+    return table(["", "notebook", "read it for", "builds on"], rows)
 
 
 # -- the glossary: (term, other spellings the notebooks use, definition) ---------------------------
@@ -199,7 +193,7 @@ GLOSSARY = _glossary()
 
 
 def glossary_markdown() -> str:
-    return _table(["term", "meaning"], [[f"**{t}**", d] for t, _, d in GLOSSARY])
+    return table(["term", "meaning"], [[f"**{t}**", d] for t, _, d in GLOSSARY])
 
 
 def show(markdown: str) -> None:
