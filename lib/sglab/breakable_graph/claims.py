@@ -246,7 +246,7 @@ _F = "engine_breakable_graph.faster_than_eager"
 ENGINE = engine_claims(
     EXPERIMENT="engine_breakable_graph",
     CLAIM="In SGLang's own engine (Llama-style 32 x 512, dummy weights), "
-    "--enable-breakable-cuda-graph runs a prefill of several requests on the graph only from "
+    "`--enable-breakable-cuda-graph` runs a prefill of several requests on the graph only from "
     "#24662 on.", CLAIMS=[
         Claim(
             _G, f"With the breakable CUDA graph on, {BEFORE_RELEASE} puts a prefill on the graph "
