@@ -76,6 +76,16 @@ while [ $# -gt 0 ]; do
     *) echo "engine_gpu.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+# what the harness imports beside the standard library (the GPU image's python3 has it all)
+if ! missing=$("$py" -c 'import importlib.util as u
+print(" ".join(m for m in ("numpy", "pandas", "psutil") if u.find_spec(m) is None))' 2>/dev/null)
+then
+  echo "engine_gpu.sh: $py does not run (PYTHON names the interpreter; default python3)" >&2
+  exit 2
+elif [ -n "$missing" ]; then
+  echo "engine_gpu.sh: $py lacks $missing (pip install $missing, or PYTHON=.venv/bin/python)" >&2
+  exit 2
+fi
 rel_args=()
 for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
 if [ ${#cases[@]} -gt 0 ]; then rel_args+=(--cases "${cases[@]}"); fi

@@ -307,6 +307,28 @@ def test_a_gpu_script_flag_without_its_value_is_one_line_and_starts_nothing(
         assert p.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
+def test_an_interpreter_without_the_harness_modules_is_one_line_and_starts_nothing(tmp_path):
+    """A python3 without pandas or psutil (a bare system one): said in one line naming them and
+    the way out, exit 2, nothing written; the same with no interpreter at all."""
+    import os
+
+    bare = tmp_path / "python3"  # this interpreter without its site-packages
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    for py, says in ((bare, "lacks numpy pandas psutil (pip install numpy pandas psutil, or "),
+                     (tmp_path / "none", "does not run (PYTHON names the interpreter; ")):
+        env = {
+            **os.environ, "PYTHON": str(py), "BUNDLES": str(tmp_path), "OUT": str(tmp_path / "o")
+        }
+        p = subprocess.run(
+            ["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan", "03"], env=env,
+            capture_output=True, text=True, timeout=60)
+        assert (p.returncode, p.stdout, p.stderr.count("\n")) == (2, "", 1), p.stderr
+        assert p.stderr.startswith(f"engine_gpu.sh: {py} {says}")
+        assert not (tmp_path / "o").exists()
+
+
 def test_a_dry_run_prints_the_plans_commands_without_the_bundles_and_a_real_run_refuses(tmp_path):
     """--dry-run unpacks nothing, so it reads no bundle: it says they are absent (a real run needs
     them), prints the plan's commands and writes nothing under $OUT; the same call without
