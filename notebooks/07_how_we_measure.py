@@ -70,10 +70,10 @@ print(f"the newest run notebook {first} shows with an A/A control: "
 show_table(method.launch_order(example))
 
 
-def taken_apart(fix: str, x: int) -> pd.DataFrame:
+def taken_apart(fix: str, shape: int) -> pd.DataFrame:
     rs, p = paired[fix]
     run = method.example_run(rs, p.base, p.metric)
-    one = method.one_timing(run, p.metric, p.across, p.base, p.cases, x)
+    one = method.one_timing(run, p.metric, p.across, p.base, p.cases, shape)
     out = one.map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)  # one precision per cell
     out.columns.name = f"{engine_records.run_label(run)}: {one.columns.name}"  # which run
     return out
@@ -85,9 +85,10 @@ shapes = {
     for n, (rs, p) in paired.items()
 }
 one = taken_apart(first, shapes[first][0])
-explore(taken_apart, {"fix": list(paired), "x": sorted(set().union(*shapes.values()))},
-        static=[{"fix": first,
-                 "x": shapes[first][0]}], title="One timing, taken apart", interactive=INTERACTIVE)
+table = explore(taken_apart, {"fix": list(paired), "shape": sorted(set().union(*shapes.values()))},
+                static=[{"fix": first, "shape": shapes[first][0]}], title="One timing, taken apart",
+                interactive=INTERACTIVE)
+table if table is None else table.set_index(["fix", "shape", "case"])
 
 # %%
 said = one["spread between starts"]  # as the table says it
