@@ -25,8 +25,9 @@
 #                                                        --against` on what it recorded (a rerun
 #                                                        of a plan one call at a time)
 #
-# Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine; jit-cache*.tar.xz there
-# are unpacked into $HOME first), PROBE=1 (run `python -m sglab.core.hostprobe` first; its file
+# Environment: PYTHON (default python3: the GPU image's, with numpy, pandas and psutil), OUT
+# (default engine-gpu-out), BUNDLES (default .whl-engine; jit-cache*.tar.xz there are unpacked
+# into $HOME first), PROBE=1 (run `python -m sglab.core.hostprobe` first; its file
 # comes back in runs/host_probe/, named as data/recorded keeps it), PACK_JIT=1 (pack the JIT
 # caches into $OUT/jit-cache.tar.xz for the next fresh machine), ENGINE_HOME (default
 # /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
