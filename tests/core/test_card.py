@@ -69,7 +69,7 @@ def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
 
 def test_an_engine_answer_of_several_lines_is_a_list_under_its_first_on_the_card_only():
     """Its first line leads; the other lines are a list, in the notebook (through nbconvert) and on
-    the report's index; the verdicts follow the list; the README's row reads them as clauses."""
+    the report's index; the verdicts follow the list; the README's row puts one a line."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
     p = {
@@ -82,7 +82,7 @@ def test_an_engine_answer_of_several_lines_is_a_list_under_its_first_on_the_card
     assert listed + "<p><em>5/5 claims hold.</em>" in page
     index = "<b>Real SGLang engine.</b> The claim.</p><ul><li>first part</li><li>second</li></ul>"
     assert index + "<p><b>The rebuild.</b>" in K.html_card(p)
-    assert "Real engine: The claim. first part; second Rebuild: x" in K.summary(p)
+    assert "Real engine: The claim.<br>• first part<br>• second<br> Rebuild: x" in K.summary(p)
     one = K.markdown({**p, "engine": "The claim. one line"})
     assert "> **Real SGLang engine.** The claim. one line\n> *5/5 claims hold.*" in one
     assert "<ul>" not in K.html_card({**p, "engine": "The claim. one line"})

@@ -91,6 +91,7 @@ def html_card(p: dict) -> str:
 
 
 def summary(p: dict) -> str:
-    """The card as one paragraph, for the README index."""
-    engine = p["engine"].replace("\n", " ", 1).replace("\n", "; ")  # the list as clauses
+    """The card as one table cell, for the README index: a listed engine answer one item a line."""
+    first, *items = p["engine"].split("\n")
+    engine = "".join([first, *(f"<br>• {t}" for t in items), "<br>" if items else ""])
     return f"{p['bug']} Releases: {p['releases']}. Real engine: {engine} Rebuild: {p['rebuild']}"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sglab.core import claims, runs
-from sglab.core import engine_records
+from sglab.core import claims, engine_records, runs
 from sglab.tools import fixes
 
 
