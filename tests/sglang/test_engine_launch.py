@@ -237,11 +237,12 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(
     (tmp_path / "bundles.json").write_text("{}")
     pidfile = tmp_path / "sglab.pid"
     fake = tmp_path / "python"
-    # `python -m sglab.tools.cli engine ...` stands in for a long engine run; the rest is Python
+    # `python -m sglab.tools.cli engine ...` stands in for a long engine run (its pid written once
+    # it has said "started" and its sleep runs, so that the signal finds both); the rest is Python
     fake.write_text("#!/usr/bin/env bash\n"
                     'if [ "$1 $2 $3" = "-m sglab.tools.cli engine" ]; then\n'
                     "  trap 'kill $!; sleep 0.5; echo recorded what finished; exit 143' TERM\n"
-                    f"  echo $$ > {pidfile}; echo started; sleep 300 & wait; exit 0\nfi\n"
+                    f"  echo started; sleep 300 & echo $$ > {pidfile}; wait; exit 0\nfi\n"
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     home = tmp_path / "home"
