@@ -85,10 +85,9 @@ shapes = {
     for n, (rs, p) in paired.items()
 }
 one = taken_apart(first, shapes[first][0])
-table = explore(taken_apart, {"fix": list(paired), "shape": sorted(set().union(*shapes.values()))},
-                static=[{"fix": first, "shape": shapes[first][0]}], title="One timing, taken apart",
-                interactive=INTERACTIVE)
-table if table is None else table.set_index(["fix", "shape", "case"])
+explore(taken_apart, {"fix": list(paired), "shape": sorted(set().union(*shapes.values()))},
+        static=[{"fix": first, "shape": shapes[first][0]}], title="One timing, taken apart",
+        interactive=INTERACTIVE)
 
 # %%
 said = one["spread between starts"]  # as the table says it
