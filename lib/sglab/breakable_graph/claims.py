@@ -263,7 +263,7 @@ ENGINE = engine_claims(
                f"{{v[{_G}][most][{BEFORE_RELEASE}]}} request, {AFTER_RELEASE} with up to "
                f"{{v[{_G}][most][{AFTER_RELEASE}]}}", f"eager ÷ breakable graph on "
                f"{AFTER_RELEASE}, {{lo[{_F}][requests_min]}}–{{hi[{_F}][requests_max]}} requests, "
-               "one Engine.generate call of 1 output token: {runs}."),
+               "one `Engine.generate` call of 1 output token: {runs}."),
         per_run=f"{{gpu}} {{v[{_F}][min]:.2f}}–{{v[{_F}][max]:.2f}}× (A/A gap "
         f"{{v[{_F}][aa_noise]:.1%}})"))
 
@@ -279,7 +279,7 @@ CARD = Card(
     found=(("Its title: “Breakable Cuda Graph Support for bs > 1”.",
             f"In the engine {AFTER_RELEASE} runs prefills of up to "
             f"{{e[{_G}][most][{AFTER_RELEASE}]}} requests on the graph ({BEFORE_RELEASE}: "
-            f"{{e[{_G}][most][{BEFORE_RELEASE}]}} request only), a whole Engine.generate call "
+            f"{{e[{_G}][most][{BEFORE_RELEASE}]}} request only), a whole `Engine.generate` call "
             f"{{e[{_F}][min]:.2f}}–{{e[{_F}][max]:.2f}}× faster than eager; the rebuild's forward "
             f"alone {{r[{_S}][min]:.2f}}–{{r[{_S}][max]:.2f}}× (the engine's call also tokenizes, "
             "schedules and decodes, off the graph)."),
