@@ -248,6 +248,22 @@ def test_headline_says_one_value_where_a_range_collapses():
     assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal
 
 
+def test_a_headline_of_several_per_run_templates_gives_each_its_own_list_of_the_runs():
+    """``per_run`` as a tuple: ``{runs}`` lists the first template's text of every shown run,
+    ``{runs1}`` the second's; a part naming a list is dropped where no run gave it a value."""
+    from types import SimpleNamespace
+
+    from sglab.core.claims import Headline
+
+    h = Headline(("a {runs}", "b {runs1}", "c {v[c]}"),
+                 per_run=("{v[c]} on {gpu}", "{v[d]:.1f} on {gpu}"), run_sep=", ", sep=" | ")
+    h100, h200 = (
+        SimpleNamespace(manifest=runs.Manifest(gpu_name=f"NVIDIA {g}")) for g in ("H100", "H200"))
+    both = h.render([(h100, {"c": 1, "d": 2.0}), (h200, {"c": 3, "d": 4.0})])
+    assert both == "a 1 on H100, 3 on H200 | b 2.0 on H100, 4.0 on H200 | c 1"
+    assert h.render([]) == ""  # no run: no list, no first run's value
+
+
 def test_a_time_ratio_reads_as_a_change_in_words_and_a_speedup_through_its_inverse():
     from sglab.core.claims import _format
 

@@ -457,7 +457,8 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     launches = v["engine_pcg_gate.prefill_launches"]
     on, off = launches["kimi_k25_full 0.5.13 enforce"], launches["kimi_k25_full 0.5.13 pcg-off"]
     # the step's time with the graphs over without them: 1 ÷ the pcg-off ÷ enforced ratio
-    real = (f"bench_one_batch's prefill step there is {1 - 1 / full['128 tokens']:.0%} shorter at "
+    real = (f"bench_one_batch's prefill step there ({first.manifest.gpu}) is "
+            f"{1 - 1 / full['128 tokens']:.0%} shorter at "
             f"128 tokens and {1 / full['2048 tokens'] - 1:.0%} longer at 2048, a captured step "
             f"launching {on['kernels_min']} kernels + {on['graphs']} graphs instead of "
             f"{off['kernels_min']}–{off['kernels_max']}")
@@ -467,8 +468,14 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
             f"{tiny[0]['kernels_min']} kernels + {tiny[0]['graphs']} graphs instead of "
             f"{tiny[1]['kernels_min']}–{tiny[1]['kernels_max']}")
     assert said in head and head.index(said) > head.index(real)
+    # the real widths' TTFT of every GPU model, in the first line; the tiny model's ratio of each
+    assert len(R.per_gpu(engine)) > 1
     for r in R.per_gpu(engine):
-        pair = C.values(pg.ENGINE, r)["engine_pcg_gate.captured_prefill_faster"].value["pairs"]
+        values = C.values(pg.ENGINE, r)
+        t = values["engine_pcg_gate.full_width_ttft"].value
+        assert (f"{1 - t['128x1']:.0%} lower / {t['2048x1'] - 1:.0%} higher on "
+                f"{r.manifest.gpu}") in lines[1]
+        pair = values["engine_pcg_gate.captured_prefill_faster"].value["pairs"]
         got = pair["kimi_k25_tiny 0.5.13 enforce"]
         assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head[head.index(said):]
     found = dict(p["found"])

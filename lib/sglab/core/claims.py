@@ -211,10 +211,11 @@ _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
 class Headline:
     """The numbers sentence of a fix: ``parts`` (dropped where a value is missing) over ``v[id]``
     and ``gpu`` (the first shown run), ``lo[...]``/``hi[...]``, ``consts`` and ``runs``
-    (``per_run`` of each shown run, with ``gpu``, ``count``, ``world``, and ``across``)."""
+    (``per_run`` of each shown run, with ``gpu``, ``count``, ``world``, and ``across``; a tuple
+    of templates gives ``runs``, ``runs1``, ...)."""
 
     parts: tuple
-    per_run: str = ""
+    per_run: str | tuple = ""
     sep: str = "; "
     run_sep: str = "; "
     consts: dict = field(default_factory=dict)
@@ -224,7 +225,8 @@ class Headline:
         """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [peers' values]}``."""
         plain = [v for _, v in shown]
         lo, hi = _extremes(plain)
-        run_texts = []
+        per = (self.per_run,) if isinstance(self.per_run, str) else self.per_run
+        texts: list = [[] for _ in per]
         for i, (run, v) in enumerate(shown):
             m = run.manifest
             ns = dict(self.consts, v=v, gpu=m.gpu, count=m.gpu_count,
@@ -233,10 +235,13 @@ class Headline:
             plo, phi = _extremes(mine)
             ns["across"] = (len(mine) > 1 and self.across and _format(
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
-            run_texts += [t for t in [_format(self.per_run, ns)] if t is not None]
+            for out, template in zip(texts, per):
+                out += [t for t in [_format(template, ns)] if t is not None]
         ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi,
-                  runs=self.run_sep.join(run_texts), gpu=shown[0][0].manifest.gpu if shown else "")
-        kept = [_format(part, ns) for part in self.parts if run_texts or "{runs}" not in part]
+                  gpu=shown[0][0].manifest.gpu if shown else "",
+                  **{f"runs{i or ''}": self.run_sep.join(t)
+                     for i, t in enumerate(texts)})
+        kept = [_format(part, ns) for part in self.parts if texts[0] or "{runs" not in part]
         return _SAME_RANGE.sub(r"\1", self.sep.join(t for t in kept if t is not None))
 
 

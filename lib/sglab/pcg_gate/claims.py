@@ -449,28 +449,29 @@ ENGINE = engine_claims(
     HEADLINE=Headline(
         parts=(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "
-            f"bench_serving, one {{gpu}}) enforcing the graphs makes TTFT "
-            f"{{v[{_T}][128x1]:%lower|higher}} at 128-token prompts and "
-            f"{{v[{_T}][2048x1]:%lower|higher}} at 2048, and decode does not change: TPOT with one "
+            f"bench_serving, one GPU) enforcing the graphs makes TTFT at 128- / 2048-token "
+            f"prompts {{runs1}}, and decode does not change: on {{gpu}}, TPOT with one "
             f"request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
             f"{{v[{_DE}][tpot_bound]:.1%}}), the decode step within {{v[{_DE}][decode_worst]:.1%}} "
             f"(bound {{v[{_DE}][decode_bound]:.1%}})",
-            f"bench_one_batch's prefill step there is {{v[{_P}][{_FULL}][128 "
+            f"bench_one_batch's prefill step there ({{gpu}}) is {{v[{_P}][{_FULL}][128 "
             f"tokens]:/%shorter|longer}} at 128 tokens and {{v[{_P}][{_FULL}][2048 "
             f"tokens]:/%shorter|longer}} at 2048, a captured step launching {{v[{_L}][{_KF} "
             f"enforce][kernels_min]}} kernels + {{v[{_L}][{_KF} enforce][graphs]}} graphs instead "
             f"of {{v[{_L}][{_KF} pcg-off][kernels_min]}}–{{v[{_L}][{_KF} pcg-off][kernels_max]}}",
             f"why: inside the graphs the release runs its attention absorbed (MLA), eager as MHA, "
-            f"and absorbed it takes {{v[{_A}][{_FULL} 2048]:.1f}}× the GPU time at 2048 tokens",
-            f"default flags: {_per_release(_D)}",
+            f"and absorbed it takes {{v[{_A}][{_FULL} 2048]:.1f}}× the GPU time at 2048 tokens "
+            "on {gpu}", f"default flags: {_per_release(_D)}",
             f"`--enforce-piecewise-cuda-graph`: {_per_release(_G)}",
             f"on the tiny Kimi-K2.5 ({KIMI}), a captured prefill step launches {{v[{_L}][{_K} "
             f"enforce][kernels_min]}} kernels + {{v[{_L}][{_K} enforce][graphs]}} graphs instead "
             f"of {{v[{_L}][{_K} pcg-off][kernels_min]}}–{{v[{_L}][{_K} pcg-off][kernels_max]}}, "
             f"and pcg-off ÷ captured prefill at {_TINY_TOKENS} tokens is {{runs}}."),
-        per_run=f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} "
-        f"enforce][hi]:.2f}}× on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} enforce][aa_noise]:.0%}})",
-        run_sep=", ", sep="\n"))  # a list on the card (one clause each in the README's row)
+        per_run=(f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} "
+                 f"enforce][hi]:.2f}}× on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} "
+                 f"enforce][aa_noise]:.0%}})", f"{{v[{_T}][128x1]:%lower|higher}} / "
+                 f"{{v[{_T}][2048x1]:%lower|higher}} on {{gpu}}"), run_sep=", ",
+        sep="\n"))  # a list on the card (one clause each in the README's row)
 
 _B = sglang.PR_BENCHMARK
 _TTFT, _TPOT, _E2E = (_B["metrics"][m] for m in ("TTFT", "TPOT", "E2E"))

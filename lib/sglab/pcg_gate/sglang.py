@@ -11,9 +11,7 @@ import re
 import types
 
 from sglab.core import lazy
-from sglab.sglang import bootstrap
-from sglab.sglang import compare as real
-from sglab.sglang import source as S
+from sglab.sglang import bootstrap, compare as real, source as S
 from sglab.sglang.codepath import Node
 from sglab.sglang.engine import PCG_FLAGS, Case, Scenario
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in

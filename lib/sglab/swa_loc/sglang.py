@@ -10,10 +10,8 @@ import inspect
 import types
 
 from sglab.core import lazy
-from sglab.sglang import bootstrap
+from sglab.sglang import bootstrap, compare as real, source as S
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
-from sglab.sglang import compare as real
-from sglab.sglang import source as S
 from sglab.sglang.codepath import Node
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import has_file

@@ -15,12 +15,9 @@ import types
 import pandas as pd
 
 from sglab.core import lazy
-from sglab.sglang import bootstrap
-from sglab.sglang import engine as eng
+from sglab.sglang import bootstrap, compare as real, engine as eng, source as S
 from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
-from sglab.sglang import compare as real
 from sglab.sglang.codepath import Node
-from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import patched
 from sglab.sglang.releases import installed_releases, package_dir
