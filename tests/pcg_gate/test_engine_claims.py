@@ -494,6 +494,7 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     assert "inside twice its own A/A gap" not in tpot
     ttft = found["TTFT 0.479 → 0.147 s, 69% lower (Kimi-K2.5 with real weights, TP 4 on B200)"]
     t = v["engine_pcg_gate.full_width_ttft"]
+    assert f"real widths on one {first.manifest.gpu} (2 of 61 layers" in ttft  # its numbers'
     assert "at full width (A/A gap" in ttft and (
         f"makes TTFT {1 - t['128x1']:.0%} lower at 128-token prompts but {t['2048x1'] - 1:.0%} "
         "higher at 2048") in ttft

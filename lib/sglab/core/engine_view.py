@@ -9,8 +9,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from sglab.core import claims as C
-from sglab.core import text
+from sglab.core import claims as C, text
 from sglab.core.engine_records import (AGAIN, KEYS, adjustments, by_gpu, frame, host_medians, label,
                                        per_gpu, tools)
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios, unit_of

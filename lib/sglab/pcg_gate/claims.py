@@ -491,14 +491,15 @@ CARD = Card(
             "multimodal model before the gate is asked); with `--enforce-piecewise-cuda-graph` "
             f"{FIXED_RELEASE} has them {{e[{_G}][{FIXED_RELEASE}]}}"),
            (f"TTFT {_TTFT[1]} → {_TTFT[2]} {_TTFT[0]}, {_CUT} ({_B['setup']})",
-            f"At Kimi-K2.5's real widths on one GPU (2 of 61 layers, dummy weights, bench_serving) "
-            f"enforcing piecewise graphs makes TTFT {{e[{_T}][128x1]:%lower|higher}} at 128-token "
-            f"prompts but {{e[{_T}][2048x1]:%lower|higher}} at 2048; bench_one_batch's prefill "
-            f"step at 128 tokens is {{e[{_P}][kimi_k25_full][128 tokens]:/%shorter|longer}} at "
-            f"full width (A/A gap {{e[{_P}][kimi_k25_full][aa_noise]:.0%}}) and "
-            f"{{e[{_P}][kimi_k25_tp4rank][128 tokens]:/%shorter|longer}} at one TP-4 rank's "
-            f"widths, but {{e[{_P}][kimi_k25_full][2048 tokens]:/%|}} and "
-            f"{{e[{_P}][kimi_k25_tp4rank][2048 tokens]:/%|}} longer at 2048"),
+            f"At Kimi-K2.5's real widths on one {{gpu}} (2 of 61 layers, dummy weights, "
+            f"bench_serving) enforcing piecewise graphs makes TTFT "
+            f"{{e[{_T}][128x1]:%lower|higher}} at 128-token prompts but "
+            f"{{e[{_T}][2048x1]:%lower|higher}} at 2048; bench_one_batch's prefill step at 128 "
+            f"tokens is {{e[{_P}][kimi_k25_full][128 tokens]:/%shorter|longer}} at full width (A/A "
+            f"gap {{e[{_P}][kimi_k25_full][aa_noise]:.0%}}) and {{e[{_P}][kimi_k25_tp4rank][128 "
+            f"tokens]:/%shorter|longer}} at one TP-4 rank's widths, but "
+            f"{{e[{_P}][kimi_k25_full][2048 tokens]:/%|}} and {{e[{_P}][kimi_k25_tp4rank][2048 "
+            f"tokens]:/%|}} longer at 2048"),
            (f"TPOT {_TPOT[1]} → {_TPOT[2]} {_TPOT[0]}, E2E {_E2E[1]} → {_E2E[2]} {_E2E[0]}",
             f"Not reproduced: TPOT with one request in flight stays within "
             f"{{e[{_DE}][tpot_worst]:.1%}} of off and bench_one_batch's decode step within "

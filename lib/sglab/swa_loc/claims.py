@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglab.core import runs
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, engine_claims, holds
-from sglab.core import engine_records, engine_stats, kernel_table
+from sglab.core import engine_records, engine_stats, kernel_table, runs
 from sglab.core.text import count, span
 from sglab.swa_loc import model_config, show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
