@@ -4,7 +4,7 @@ the PR's words beside what was found, filled from the claims' values."""
 from types import SimpleNamespace
 
 from sglab.core import card as K
-from sglab.core import notebook, runs
+from sglab.core import engine_records as R, notebook, runs
 from sglab.swa_loc import claims, sglang
 
 
@@ -20,10 +20,12 @@ def test_the_engine_answers_first_and_a_pair_without_its_value_is_left_out():
         bug="b", affects="a",
         found=(("the PR",
                 "{e[engine_swa_loc.reverted_preset_extra_kernels][per_swa_layer]:.0f} per layer"),
-               ("never shown", "{e[no.such.claim]}")))
+               ("never shown", "{e[no.such.claim]}"), ("each number's GPU", "{gpu} / {rgpu}")))
     run = notebook.Workbook(claims, mode="recorded", show=False).run()
     p = K.parts(card, sglang.FIX, claims, run, sglang.FIX.recorded_engine())
-    assert p["found"] == [("the PR", "2 per layer")]
+    # the GPU models the engine's merged run and the rebuild's first shown run were read on
+    gpus = f"{R.per_gpu(sglang.FIX.recorded_engine())[0].manifest.gpu} / {list(run)[0].manifest.gpu}"
+    assert p["found"] == [("the PR", "2 per layer"), ("each number's GPU", gpus)]
     md = K.markdown(p)
     assert md.index("Real SGLang engine") < md.index("The rebuild")
     assert p["releases"].startswith("affected 0.5.10")

@@ -280,9 +280,9 @@ CARD = Card(
             f"In the engine {AFTER_RELEASE} runs prefills of up to "
             f"{{e[{_G}][most][{AFTER_RELEASE}]}} requests on the graph ({BEFORE_RELEASE}: "
             f"{{e[{_G}][most][{BEFORE_RELEASE}]}} request only), a whole `Engine.generate` call "
-            f"{{e[{_F}][min]:.2f}}–{{e[{_F}][max]:.2f}}× faster than eager; the rebuild's forward "
-            f"alone {{r[{_S}][min]:.2f}}–{{r[{_S}][max]:.2f}}× (the engine's call also tokenizes, "
-            "schedules and decodes, off the graph)."),
+            f"{{e[{_F}][min]:.2f}}–{{e[{_F}][max]:.2f}}× faster than eager on {{gpu}}; the "
+            f"rebuild's forward alone {{r[{_S}][min]:.2f}}–{{r[{_S}][max]:.2f}}× on {{rgpu}} (the "
+            "engine's call also tokenizes, schedules and decodes, off the graph)."),
            ("The code: capture only `layer_model`; the logits tail runs eagerly with the live "
             "batch.",
             f"The rebuild's layer-stack graph returns one logit row per request, equal to "

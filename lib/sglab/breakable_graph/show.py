@@ -11,8 +11,7 @@ import pandas as pd
 import torch
 
 from sglab.breakable_graph import measure, rebuild
-from sglab.core import notebook, plots, runs
-from sglab.core import engine_records, engine_stats, engine_view, text
+from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs, text
 
 # up to here a prefill of this model is mostly kernel launches (the claims' launch-bound cells);
 # above, the gain is eager's host overhead alone and shrinks on a faster host

@@ -37,9 +37,11 @@ def releases_line(timeline: list[tuple[str, str]]) -> str:
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed, by name (``found``: [(pr, we)])."""
     engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
-    ns = dict(e=C.claim_values(engine, merged[0]) if merged else {},
-              r=C.claim_values(claims, shown[0]) if shown else {},
-              gpu=merged[0].manifest.gpu if merged else "")  # the GPU model ``e`` was read on
+    ns = dict(
+        e=C.claim_values(engine, merged[0]) if merged else {},
+        r=C.claim_values(claims, shown[0]) if shown else {},
+        gpu=merged[0].manifest.gpu if merged else None,  # the GPU models e and r were read on
+        rgpu=shown[0].manifest.gpu if shown else None)
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     found = [(pr, we) for pr, we in found if pr is not None and we is not None]
     said = C.headline(engine, merged, merged) if merged else engine_rs.line
