@@ -24,7 +24,8 @@ def test_the_engine_answers_first_and_a_pair_without_its_value_is_left_out():
     run = notebook.Workbook(claims, mode="recorded", show=False).run()
     p = K.parts(card, sglang.FIX, claims, run, sglang.FIX.recorded_engine())
     # the GPU models the engine's merged run and the rebuild's first shown run were read on
-    gpus = f"{R.per_gpu(sglang.FIX.recorded_engine())[0].manifest.gpu} / {list(run)[0].manifest.gpu}"
+    engine_gpu = R.per_gpu(sglang.FIX.recorded_engine())[0].manifest.gpu
+    gpus = f"{engine_gpu} / {list(run)[0].manifest.gpu}"
     assert p["found"] == [("the PR", "2 per layer"), ("each number's GPU", gpus)]
     md = K.markdown(p)
     assert md.index("Real SGLang engine") < md.index("The rebuild")
