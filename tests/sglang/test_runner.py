@@ -107,7 +107,10 @@ def test_a_release_answers_all_its_calls_in_one_worker(fake_home, spawned):
     assert _pid(first) == _pid(second) != os.getpid()  # one process answered both
     assert list(second.rows.tag) == [2] and list(second.rows.release) == [RELEASE]
     assert first.shim_names() == second.shim_names() and "triton" in first.shim_names()
-    assert first.seconds > second.seconds >= 0.0 and second.prepare_seconds == 0.0
+    # the release is prepared once, inside the first answer's time (the second's is its call alone:
+    # which of the two took longer is the host's, so it is not asserted)
+    assert first.seconds >= first.prepare_seconds >= 0.0 == second.prepare_seconds
+    assert second.seconds >= 0.0
 
 
 def test_a_raising_probe_spoils_only_its_own_answer(fake_home, spawned):
