@@ -237,10 +237,9 @@ class Headline:
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
             for out, template in zip(texts, per):
                 out += [t for t in [_format(template, ns)] if t is not None]
-        ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi,
-                  gpu=shown[0][0].manifest.gpu if shown else "",
-                  **{f"runs{i or ''}": self.run_sep.join(t)
-                     for i, t in enumerate(texts)})
+        lists = {f"runs{i or ''}": self.run_sep.join(t) for i, t in enumerate(texts)}
+        ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi, **lists,
+                  gpu=shown[0][0].manifest.gpu if shown else "")
         kept = [_format(part, ns) for part in self.parts if texts[0] or "{runs" not in part]
         return _SAME_RANGE.sub(r"\1", self.sep.join(t for t in kept if t is not None))
 
