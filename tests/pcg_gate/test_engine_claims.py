@@ -457,12 +457,12 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     launches = v["engine_pcg_gate.prefill_launches"]
     on, off = launches["kimi_k25_full 0.5.13 enforce"], launches["kimi_k25_full 0.5.13 pcg-off"]
     # the step's time with the graphs over without them: 1 ÷ the pcg-off ÷ enforced ratio
-    real = (f"bench_one_batch's prefill step there ({first.manifest.gpu}) is "
-            f"{1 - 1 / full['128 tokens']:.0%} shorter at "
-            f"128 tokens and {1 / full['2048 tokens'] - 1:.0%} longer at 2048, a captured step "
-            f"launching {on['kernels_min']} kernels + {on['graphs']} graphs instead of "
-            f"{off['kernels_min']}–{off['kernels_max']}")
-    assert real in head and head.index(real) < head.index("default flags")
+    real = (f"bench_one_batch's prefill step there, at 128 / 2048 tokens: "
+            f"{1 - 1 / full['128 tokens']:.0%} shorter / {1 / full['2048 tokens'] - 1:.0%} longer "
+            f"on {first.manifest.gpu}")
+    launched = (f"a captured step launches {on['kernels_min']} kernels + {on['graphs']} graphs "
+                f"instead of {off['kernels_min']}–{off['kernels_max']}")
+    assert lines[2].startswith(real) and lines[2].endswith(launched)
     tiny = launches["kimi_k25_tiny 0.5.13 enforce"], launches["kimi_k25_tiny 0.5.13 pcg-off"]
     said = (f"on the tiny Kimi-K2.5 (kimi_k25_tiny), a captured prefill step launches "
             f"{tiny[0]['kernels_min']} kernels + {tiny[0]['graphs']} graphs instead of "
@@ -475,6 +475,12 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
         t = values["engine_pcg_gate.full_width_ttft"].value
         assert (f"{1 - t['128x1']:.0%} lower / {t['2048x1'] - 1:.0%} higher on "
                 f"{r.manifest.gpu}") in lines[1]
+        # its prefill step and its attention's absorbed ÷ eager GPU time, in the next two lines
+        step = values["engine_pcg_gate.full_width_prefill"].value["kimi_k25_full"]
+        assert (f"{1 - 1 / step['128 tokens']:.0%} shorter / {1 / step['2048 tokens'] - 1:.0%} "
+                f"longer on {r.manifest.gpu}") in lines[2]
+        absorbed = values["engine_pcg_gate.full_width_attention"].value["kimi_k25_full 2048"]
+        assert f"{absorbed:.1f}× on {r.manifest.gpu}" in lines[3]
         pair = values["engine_pcg_gate.captured_prefill_faster"].value["pairs"]
         got = pair["kimi_k25_tiny 0.5.13 enforce"]
         assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head[head.index(said):]

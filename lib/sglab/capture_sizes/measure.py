@@ -15,8 +15,7 @@ import torch
 import torch.distributed as tdist
 
 from sglab.capture_sizes import rebuild as fx
-from sglab.core import dist, runs, trace
-from sglab.core import timing as phases
+from sglab.core import dist, runs, timing as phases, trace
 
 
 EXPERIMENT = "capture_sizes"

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sglab.core import claims as C
-from sglab.core import hardware, runs
+from sglab.core import claims as C, hardware, runs
 
 
 MODES = ("auto", "live", "recorded")
