@@ -249,14 +249,15 @@ def test_headline_says_one_value_where_a_range_collapses():
 
 
 def test_a_headline_of_several_per_run_templates_gives_each_its_own_list_of_the_runs():
-    """``per_run`` as a tuple: ``{runs}`` lists the first template's text of every shown run,
-    ``{runs1}`` the second's; a part naming a list is dropped where no run gave it a value."""
+    """``per_run`` as a dict: each name lists its template's text of every shown run; a part
+    naming a list is dropped where no run gave it a value."""
     from types import SimpleNamespace
 
     from sglab.core.claims import Headline
 
-    h = Headline(("a {runs}", "b {runs1}", "c {v[c]}"),
-                 per_run=("{v[c]} on {gpu}", "{v[d]:.1f} on {gpu}"), run_sep=", ", sep=" | ")
+    h = Headline(("a {runs}", "b {step}", "c {v[c]}"), per_run=dict(runs="{v[c]} on {gpu}",
+                                                                    step="{v[d]:.1f} on {gpu}"),
+                 run_sep=", ", sep=" | ")
     h100, h200 = (
         SimpleNamespace(manifest=runs.Manifest(gpu_name=f"NVIDIA {g}")) for g in ("H100", "H200"))
     both = h.render([(h100, {"c": 1, "d": 2.0}), (h200, {"c": 3, "d": 4.0})])

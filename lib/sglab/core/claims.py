@@ -211,11 +211,11 @@ _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
 class Headline:
     """The numbers sentence of a fix: ``parts`` (dropped where a value is missing) over ``v[id]``
     and ``gpu`` (the first shown run), ``lo[...]``/``hi[...]``, ``consts`` and ``runs``
-    (``per_run`` of each shown run, with ``gpu``, ``count``, ``world``, and ``across``; a tuple
-    of templates gives ``runs``, ``runs1``, ...)."""
+    (``per_run`` of each shown run, with ``gpu``, ``count``, ``world``, and ``across``; a dict
+    ``{name: template}`` gives each name its own list)."""
 
     parts: tuple
-    per_run: str | tuple = ""
+    per_run: str | dict = ""
     sep: str = "; "
     run_sep: str = "; "
     consts: dict = field(default_factory=dict)
@@ -225,8 +225,8 @@ class Headline:
         """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [peers' values]}``."""
         plain = [v for _, v in shown]
         lo, hi = _extremes(plain)
-        per = (self.per_run,) if isinstance(self.per_run, str) else self.per_run
-        texts: list = [[] for _ in per]
+        per = {"runs": self.per_run} if isinstance(self.per_run, str) else self.per_run
+        texts: dict = {name: [] for name in per}
         for i, (run, v) in enumerate(shown):
             m = run.manifest
             ns = dict(self.consts, v=v, gpu=m.gpu, count=m.gpu_count,
@@ -235,12 +235,15 @@ class Headline:
             plo, phi = _extremes(mine)
             ns["across"] = (len(mine) > 1 and self.across and _format(
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
-            for out, template in zip(texts, per):
-                out += [t for t in [_format(template, ns)] if t is not None]
-        lists = {f"runs{i or ''}": self.run_sep.join(t) for i, t in enumerate(texts)}
+            for name, template in per.items():
+                texts[name] += [t for t in [_format(template, ns)] if t is not None]
+        lists = {name: self.run_sep.join(t) for name, t in texts.items()}
         ns = dict(self.consts, v=plain[0] if plain else {}, lo=lo, hi=hi, **lists,
                   gpu=shown[0][0].manifest.gpu if shown else "")
-        kept = [_format(part, ns) for part in self.parts if texts[0] or "{runs" not in part]
+        kept = [
+            _format(part, ns) for part in self.parts  # a list no run gave drops its part
+            if not any(f"{{{name}}}" in part and not t for name, t in texts.items())
+        ]
         return _SAME_RANGE.sub(r"\1", self.sep.join(t for t in kept if t is not None))
 
 

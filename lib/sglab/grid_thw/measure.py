@@ -23,8 +23,7 @@ import psutil
 import torch
 import torch.distributed as tdist
 
-from sglab.core import dist, hardware, memory, runs
-from sglab.core import timing as phases
+from sglab.core import dist, hardware, memory, runs, timing as phases
 from sglab.grid_thw import rebuild
 
 

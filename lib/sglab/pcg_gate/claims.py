@@ -450,29 +450,30 @@ ENGINE = engine_claims(
         parts=(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "
             f"bench_serving, one GPU) enforcing the graphs makes TTFT at 128- / 2048-token "
-            f"prompts {{runs1}}, and decode does not change: on {{gpu}}, TPOT with one "
+            f"prompts {{ttft}}, and decode does not change: on {{gpu}}, TPOT with one "
             f"request in flight within {{v[{_DE}][tpot_worst]:.1%}} of off (bound "
             f"{{v[{_DE}][tpot_bound]:.1%}}), the decode step within {{v[{_DE}][decode_worst]:.1%}} "
             f"(bound {{v[{_DE}][decode_bound]:.1%}})",
-            f"bench_one_batch's prefill step there, at 128 / 2048 tokens: {{runs2}}; a captured "
+            f"bench_one_batch's prefill step there, at 128 / 2048 tokens: {{step}}; a captured "
             f"step launches {{v[{_L}][{_KF} enforce][kernels_min]}} kernels + {{v[{_L}][{_KF} "
             f"enforce][graphs]}} graphs instead of {{v[{_L}][{_KF} pcg-off][kernels_min]}}–"
             f"{{v[{_L}][{_KF} pcg-off][kernels_max]}}",
             "why: inside the graphs the release runs its attention absorbed (MLA), eager as MHA; "
-            "absorbed over eager attention's GPU time at 2048 tokens: {runs3}",
+            "absorbed over eager attention's GPU time at 2048 tokens: {absorbed}",
             f"default flags: {_per_release(_D)}",
             f"`--enforce-piecewise-cuda-graph`: {_per_release(_G)}",
             f"on the tiny Kimi-K2.5 ({KIMI}), a captured prefill step launches {{v[{_L}][{_K} "
             f"enforce][kernels_min]}} kernels + {{v[{_L}][{_K} enforce][graphs]}} graphs instead "
             f"of {{v[{_L}][{_K} pcg-off][kernels_min]}}–{{v[{_L}][{_K} pcg-off][kernels_max]}}, "
             f"and pcg-off ÷ captured prefill at {_TINY_TOKENS} tokens is {{runs}}."),
-        per_run=(f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} "
-                 f"enforce][hi]:.2f}}× on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} "
-                 f"enforce][aa_noise]:.0%}})", f"{{v[{_T}][128x1]:%lower|higher}} / "
-                 f"{{v[{_T}][2048x1]:%lower|higher}} on {{gpu}}",
-                 f"{{v[{_P}][{_FULL}][128 tokens]:/%shorter|longer}} / {{v[{_P}][{_FULL}][2048 "
-                 f"tokens]:/%shorter|longer}} on {{gpu}}", f"{{v[{_A}][{_FULL} 2048]:.1f}}× on "
-                 "{gpu}"), run_sep=", ",
+        per_run=dict(
+            runs=f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} "
+            f"enforce][hi]:.2f}}× on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} "
+            f"enforce][aa_noise]:.0%}})",
+            ttft=f"{{v[{_T}][128x1]:%lower|higher}} / {{v[{_T}][2048x1]:%lower|higher}} on {{gpu}}",
+            step=f"{{v[{_P}][{_FULL}][128 tokens]:/%shorter|longer}} / {{v[{_P}][{_FULL}][2048 "
+            f"tokens]:/%shorter|longer}} on {{gpu}}",
+            absorbed=f"{{v[{_A}][{_FULL} 2048]:.1f}}× on {{gpu}}"), run_sep=", ",
         sep="\n"))  # a list on the card (one clause each in the README's row)
 
 _B = sglang.PR_BENCHMARK

@@ -18,9 +18,7 @@ import pandas as pd
 import torch
 import torch.distributed as tdist
 
-from sglab.core import dist, memory, runs
-from sglab.core import trace as prof
-from sglab.core import timing as phases
+from sglab.core import dist, memory, runs, timing as phases, trace as prof
 from sglab.core.kernels import _warm_profiler
 from sglab.workspace_floor import rebuild
 from sglab.workspace_floor.rebuild import MiB
